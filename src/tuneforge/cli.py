@@ -1,0 +1,177 @@
+"""The `tuneforge` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from tuneforge import config
+from tuneforge._version import __version__
+from tuneforge.console import print_pairs, print_table
+from tuneforge.errors import TuneforgeError
+from tuneforge.parsing import format_size, parse_size
+
+
+def _store() -> Any:
+    from tuneforge.store.default import default_store
+
+    return default_store()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tuneforge")
+def main() -> None:
+    """tuneforge: compile, cache and autotune kernels."""
+
+
+@main.group()
+def cache() -> None:
+    """Inspect and manage the artifact store."""
+
+
+@cache.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def cache_stats(as_json: bool) -> None:
+    """Entries, size, hit rate, evictions and corrupt entries (like `ccache -s`)."""
+    store = _store()
+    s = store.stats()
+    lookups = s.hits + s.misses
+    hit_rate = s.hits / lookups if lookups else 0.0
+    if as_json:
+        click.echo(json.dumps({"cache_dir": str(store.root), "entries": s.entries, "bytes": s.bytes,
+                               "max_bytes": s.max_bytes, "hits": s.hits, "misses": s.misses,
+                               "hit_rate": round(hit_rate, 4), "puts": s.puts, "evictions": s.evictions,
+                               "corrupt": s.corrupt}, indent=2))
+        return
+    print_pairs("tuneforge artifact store", [
+        ("cache directory", store.root),
+        ("entries", s.entries),
+        ("size", f"{format_size(s.bytes)} of {format_size(s.max_bytes)} "
+                 f"({100 * s.bytes / s.max_bytes if s.max_bytes else 0:.1f}%)"),
+        ("hits", s.hits),
+        ("misses", s.misses),
+        ("hit rate", f"{100 * hit_rate:.1f}%"),
+        ("puts", s.puts),
+        ("evictions", s.evictions),
+        ("corrupt entries", s.corrupt),
+    ])
+
+
+@cache.command("clear")
+def cache_clear() -> None:
+    """Remove every artifact (tuning records are kept)."""
+    removed = _store().clear()
+    click.echo(f"removed {removed} entries")
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@cache.command("prune")
+@click.option("--max-size", callback=_size, metavar="SIZE",
+              help="Evict least recently used entries down to SIZE (e.g. 500M, 2G); default: cache_max_bytes.")
+def cache_prune(max_size: int | None) -> None:
+    """Evict least recently used entries and remove leftovers of killed writers."""
+    store = _store()
+    temp = store.cleanup_temp()
+    result = store.prune(max_size)
+    click.echo(f"evicted {result.removed} entries ({format_size(result.freed_bytes)}), "
+               f"{format_size(result.remaining_bytes)} left; removed {temp} stale temporary directories")
+
+
+def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        for k in sorted(value):
+            yield from _flatten(value[k], f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, value
+
+
+@cache.command("explain")
+@click.argument("key1")
+@click.argument("key2")
+def cache_explain(key1: str, key2: str) -> None:
+    """Say which key inputs differ between two artifacts."""
+    store = _store()
+    inputs = []
+    for key in (key1, key2):
+        entry = store.get(key)
+        if entry is None:
+            raise click.ClickException(f"no artifact with key {key} in {store.root} "
+                                       "(list keys with `tuneforge cache list`)")
+        inputs.append(dict(_flatten(entry.key_inputs)))
+    a, b = inputs
+    differing = [(name, json.dumps(a.get(name, "<absent>")), json.dumps(b.get(name, "<absent>")))
+                 for name in sorted(set(a) | set(b)) if a.get(name, "<absent>") != b.get(name, "<absent>")]
+    if not differing:
+        click.echo("the key inputs are identical")
+        return
+    print_table(f"{len(differing)} key inputs differ", ("input", key1[:16], key2[:16]), differing)
+
+
+@cache.command("list")
+def cache_list() -> None:
+    """Every artifact key with its kind and size."""
+    store = _store()
+    rows = []
+    for key in sorted(store.keys()):
+        entry = store.get(key)
+        if entry is not None:
+            size = sum(int(f["size"]) for f in entry.manifest["files"].values())
+            rows.append((key, entry.key_inputs.get("artifact", "?"), format_size(size)))
+    print_table(None, ("key", "kind", "size"), rows)
+
+
+@main.group("config")
+def config_group() -> None:
+    """Show settings."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value) if value else "(none)"
+    return "(auto)" if value is None else str(value)
+
+
+@config_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def config_show(as_json: bool) -> None:
+    """Every setting, its value and where it came from (default, file, env, set)."""
+    infos = config.describe()
+    if as_json:
+        click.echo(json.dumps([{"name": i.name, "value": config._jsonable(i.value), "source": i.source,
+                                "env_var": i.env_var, "in_cache_key": i.in_cache_key} for i in infos], indent=2))
+        return
+    print_table("tuneforge settings", ("setting", "value", "source", "environment variable"),
+                [(i.name, _show(i.value), i.source, i.env_var) for i in infos])
+
+
+@main.command()
+def doctor() -> None:
+    """Check the compiler, CPU features, cache directory and optional dependencies."""
+    from tuneforge.doctor import run_checks
+
+    checks = run_checks()
+    print_table("tuneforge doctor", ("check", "status", "detail"),
+                [(c.name, "ok" if c.ok else ("FAIL" if c.required else "missing"), c.detail) for c in checks])
+    failed = [c.name for c in checks if c.required and not c.ok]
+    if failed:
+        raise click.ClickException("failed: " + ", ".join(failed))
+
+
+def run() -> None:
+    try:
+        main()
+    except TuneforgeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)

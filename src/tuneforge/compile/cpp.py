@@ -1,0 +1,266 @@
+"""C++ source -> shared library (loaded with ctypes) or CPython extension module, cached by content.
+
+The key of an artifact is the hash of everything that determines it (see `key_material`): the
+exact source, the whole command line with file names replaced by placeholders, the compiler's
+identity (its own content hash), the target CPU named explicitly, the contents of include
+directories, the Python ABI for extension modules, and the artifact format version.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tuneforge import config
+from tuneforge.compile.toolchain import Toolchain, default_toolchain, run_command
+from tuneforge.errors import CompileError
+from tuneforge.hashing import key_hash
+from tuneforge.store.artifacts import Entry
+from tuneforge.store.default import default_store
+
+log = logging.getLogger("tuneforge.compile")
+
+ARTIFACT_FORMAT = 1
+SOURCE_NAME = "source.cpp"
+LIBRARY_NAME = "kernel.so"
+MODULE_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+_KEEP_FAILED = 50  # failed builds kept for inspection under <cache_dir>/failed/
+_HEADER = re.compile(r"\.(h|hh|hpp|hxx|inc|inl|cuh|tcc)$")
+
+
+@dataclass(frozen=True)
+class CppBuild:
+    """Everything that describes one build, as plain data (so it can be sent to another process)."""
+
+    source: str
+    flags: tuple[str, ...] = ()
+    openmp: bool = False
+    include_dirs: tuple[str, ...] = ()
+    python_module: bool = False
+
+    @property
+    def output_name(self) -> str:
+        return f"module{MODULE_SUFFIX}" if self.python_module else LIBRARY_NAME
+
+
+@dataclass(frozen=True)
+class CppArtifact:
+    key: str
+    entry: Entry
+    compiled: bool  # this call ran the compiler (False: served from the store)
+    key_inputs: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def library_path(self) -> Path:
+        return self.entry.file(self.entry.meta["output"])
+
+
+_digests: dict[str, tuple[tuple[tuple[str, int, int], ...], str]] = {}
+
+
+def _include_dir_digest(directory: str) -> str:
+    """Content hash of the headers under an include directory; re-read only when a header changed."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise CompileError(f"include directory {directory} does not exist", command=[], stderr="",
+                           source_path=None)
+    headers = sorted(p for p in root.rglob("*") if _HEADER.search(p.name) and p.is_file())
+    signature = tuple((p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in headers)
+    known = _digests.get(directory)
+    if known is not None and known[0] == signature:
+        return known[1]
+    digest = hashlib.sha256()
+    for path in headers:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    _digests[directory] = (signature, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def _python_include() -> str:
+    return sysconfig.get_paths()["include"]
+
+
+def _effective_flags(build: CppBuild) -> list[str]:
+    flags = [*config.get("cpp.flags"), *build.flags]
+    if build.python_module and platform.system() == "Darwin":
+        flags += ["-undefined", "dynamic_lookup"]
+    return flags
+
+
+def _user_include_dirs(build: CppBuild) -> list[str]:
+    return [str(Path(d).resolve()) for d in config.get("cpp.include_dirs")] + list(build.include_dirs)
+
+
+def _include_dirs(build: CppBuild) -> list[str]:
+    return _user_include_dirs(build) + ([_python_include()] if build.python_module else [])
+
+
+def compile_command(build: CppBuild, toolchain: Toolchain, source: str, output: str) -> list[str]:
+    return toolchain.command_line(source, output, opt_level=config.get("cpp.opt_level"),
+                                  march=config.get("cpp.march"), openmp=build.openmp,
+                                  flags=_effective_flags(build), include_dirs=_include_dirs(build))
+
+
+def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
+    """The inputs of an artifact's key; kept in its manifest so `tuneforge cache explain` can diff them."""
+    digests = {d: _include_dir_digest(d) for d in _user_include_dirs(build)}
+    placeholders = {d: f"<include:{digest[:16]}>" for d, digest in digests.items()}
+    if build.python_module:
+        placeholders[_python_include()] = "<python-include>"
+    command = compile_command(build, toolchain, "<source>", "<output>")
+    command = [f"-I{placeholders[a[2:]]}" if a.startswith("-I") and a[2:] in placeholders else a
+               for a in command[len(toolchain.command):]]
+    material: dict[str, Any] = {
+        "artifact": "cpp-module" if build.python_module else "cpp-shared",
+        "format": ARTIFACT_FORMAT,
+        "source_sha256": hashlib.sha256(build.source.encode()).hexdigest(),
+        "command": command,
+        "compiler": toolchain.identity(),
+        "march": config.get("cpp.march"),
+        "include_dirs": {placeholders[d]: digest for d, digest in digests.items()},
+    }
+    if build.python_module:
+        material["python"] = {"implementation": sys.implementation.name, "soabi": sysconfig.get_config_var("SOABI"),
+                              "version": list(sys.version_info[:2])}
+    return material
+
+
+def _keep_failed(key: str, build: CppBuild, command: Sequence[str], stderr: str) -> Path | None:
+    """Keep the source of a failed build where the user can open it; bounded to the newest few."""
+    failed_root = Path(config.get("cache_dir")) / "failed"
+    target = failed_root / key
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        (target / SOURCE_NAME).write_text(build.source)
+        (target / "command.txt").write_text(" ".join(command) + "\n")
+        (target / "stderr.txt").write_text(stderr)
+        old = sorted(failed_root.iterdir(), key=lambda p: p.stat().st_mtime)[:-_KEEP_FAILED]
+        for stale in old:
+            shutil.rmtree(stale, ignore_errors=True)
+    except OSError as exc:
+        log.warning("cannot keep failed source under %s: %s", failed_root, exc)
+        return None
+    return target / SOURCE_NAME
+
+
+def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
+    (staging / SOURCE_NAME).write_text(build.source)
+    command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)
+    started = time.perf_counter()
+    timeout = float(config.get("compile_timeout_s"))
+    try:
+        proc = run_command(command, cwd=staging, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kept = _keep_failed(key, build, command, f"timed out after {timeout} s")
+        raise CompileError(f"C++ compile timed out after {timeout:g} s (setting compile_timeout_s)",
+                           command=command, stderr="", source_path=kept) from None
+    if proc.returncode != 0 or not (staging / build.output_name).is_file():
+        kept = _keep_failed(key, build, command, proc.stderr)
+        raise CompileError(f"C++ compile failed with exit code {proc.returncode}", command=command,
+                           stderr=proc.stderr, source_path=kept, returncode=proc.returncode)
+    if config.get("debug"):
+        log.info("compiled %s: %s", key, " ".join(command))
+    return {"output": build.output_name, "compile_seconds": round(time.perf_counter() - started, 4),
+            "compiler_warnings": proc.stderr[-4000:]}
+
+
+def build(build: CppBuild) -> CppArtifact:
+    """Return the artifact for `build`, compiling it only if no process has stored it yet."""
+    toolchain = default_toolchain()
+    material = key_material(build, toolchain)
+    key = "cpp" + key_hash(material)
+    store = default_store()
+    compiled = False
+
+    def run_compiler(staging: Path) -> Mapping[str, Any]:
+        nonlocal compiled
+        compiled = True
+        return _compile_into(staging, key, build, toolchain)
+
+    entry = store.get_or_build(key, run_compiler, key_inputs=material)
+    return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
+
+
+_libraries: dict[tuple[Any, ...], Any] = {}
+
+
+def _request(source: str, flags: Iterable[str], openmp: bool | None, include_dirs: Iterable[str | os.PathLike[str]],
+             python_module: bool) -> CppBuild:
+    return CppBuild(source=source, flags=tuple(flags),
+                    openmp=bool(config.get("cpp.openmp")) if openmp is None else openmp,
+                    include_dirs=tuple(str(Path(d).resolve()) for d in include_dirs), python_module=python_module)
+
+
+def _memo_key(request: CppBuild) -> tuple[Any, ...]:
+    # Settings that change the artifact are part of the in-process memo too, so a patch() is honoured.
+    return (request, config.get("cache_dir"), config.get("cpp.cxx"), config.get("cpp.flags"),
+            config.get("cpp.march"), config.get("cpp.opt_level"), config.get("cpp.include_dirs"))
+
+
+def load(source: str, *, flags: Sequence[str] = (), openmp: bool | None = None,
+         include_dirs: Sequence[str | os.PathLike[str]] = ()) -> ctypes.CDLL:
+    """Build (or fetch from the store) a shared library from C++ source and load it with ctypes.
+
+    Export functions with ``extern "C"`` to call them by name. ``openmp=None`` uses the cpp.openmp setting.
+    """
+    request = _request(source, flags, openmp, include_dirs, python_module=False)
+    memo = _memo_key(request)
+    library = _libraries.get(memo)
+    if library is None:
+        artifact = build(request)
+        library = ctypes.CDLL(str(artifact.library_path))
+        library.tuneforge_key = artifact.key  # type: ignore[attr-defined]
+        _libraries[memo] = library
+    return library
+
+
+_INIT = re.compile(r"\bPyInit_([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+
+
+def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
+                openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = ()) -> ModuleType:
+    """Build and import a CPython extension module: calls go straight in, without ctypes' overhead.
+
+    Either `source` is a complete extension module (it defines ``PyInit_<name>``), or `functions`
+    lists C prototypes of ``extern "C"`` functions in `source` (``"void add(float* out, const float* x,
+    int64_t n)"``) and tuneforge generates the module around them: pointer arguments take numpy
+    arrays (or anything with the buffer protocol) or integer addresses; integers and floats map to
+    Python numbers.
+    """
+    from tuneforge.compile.bindings import module_source
+
+    full_source = module_source(source, functions) if functions else source
+    names = _INIT.findall(full_source)
+    if len(names) != 1:
+        raise CompileError("an extension module source must define exactly one PyInit_<name> function "
+                           f"(found {len(names)}); or pass functions=[...] to generate the bindings",
+                           command=[], stderr="", source_path=None)
+    request = _request(full_source, flags, openmp, include_dirs, python_module=True)
+    memo = _memo_key(request)
+    module = _libraries.get(memo)
+    if module is None:
+        artifact = build(request)
+        loader = importlib.machinery.ExtensionFileLoader(names[0], str(artifact.library_path))
+        spec = importlib.util.spec_from_file_location(names[0], artifact.library_path, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        module.tuneforge_key = artifact.key  # type: ignore[attr-defined]
+        _libraries[memo] = module
+    return module

@@ -1,0 +1,39 @@
+"""Exceptions raised by tuneforge. Each carries what the user needs to fix the problem."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class TuneforgeError(Exception):
+    """Base class of every tuneforge error."""
+
+
+class ConfigError(TuneforgeError, ValueError):
+    """A setting name or value is invalid; the message names the setting and its variable."""
+
+
+class CompileError(TuneforgeError):
+    """The compiler rejected a source. Carries its stderr, the command and the kept source file."""
+
+    def __init__(self, message: str, *, command: Sequence[str], stderr: str, source_path: Path | None,
+                 returncode: int | None = None) -> None:
+        self.command = list(command)
+        self.stderr = stderr
+        self.source_path = source_path
+        self.returncode = returncode
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        parts = [self.args[0]]
+        if self.source_path is not None:
+            parts.append(f"source kept at: {self.source_path}")
+        parts.append("command: " + " ".join(self.command))
+        if self.stderr.strip():
+            parts.append("compiler output:\n" + self.stderr.rstrip())
+        return "\n".join(parts)
+
+
+class ToolchainError(TuneforgeError):
+    """No usable compiler was found, or it cannot do what was asked (e.g. OpenMP)."""

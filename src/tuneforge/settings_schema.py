@@ -1,0 +1,91 @@
+"""Declarations of every tuneforge setting: name, type, default, documentation, cache-key role.
+
+Kept apart from `config.py` (the machinery that reads, validates, patches and saves values) so
+that adding a setting is a one-line change in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuneforge import parsing
+
+Parser = Callable[[str], Any]
+Validator = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting. `name` is dotted (``cpp.flags``); its environment variable is derived from it."""
+
+    name: str
+    parse: Parser  # text (environment, CLI) -> value
+    coerce: Validator  # Python value -> validated value (raises ValueError/TypeError)
+    default: Any  # a value, or a zero-argument callable evaluated on first use
+    doc: str
+    # Settings that cannot change a compiled artifact or a tuning result (paths, logging,
+    # verbosity) are excluded from `cache_key_hash()`; the exclusion is declared here, per setting.
+    in_cache_key: bool = True
+
+    @property
+    def env_var(self) -> str:
+        return "TUNEFORGE_" + self.name.replace(".", "_").upper()
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _user_cache_dir() -> Path:
+    import platformdirs  # lazily: only needed when no TUNEFORGE_CACHE_DIR is set
+
+    return Path(platformdirs.user_cache_dir("tuneforge", appauthor=False))
+
+
+def _detected_march() -> str:
+    from tuneforge.compile.toolchain import default_toolchain
+
+    return default_toolchain().march
+
+
+GiB = 2**30
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("cache_dir", parsing.parse_path, parsing.coerce_path, _user_cache_dir,
+            "Root directory of the artifact store, record database and logs.", in_cache_key=False),
+    Setting("cache_max_bytes", parsing.parse_size, parsing.coerce_positive_int, 5 * GiB,
+            "Size bound of the artifact store; least recently used entries are evicted beyond it "
+            "(accepts 500M, 5G, ...).", in_cache_key=False),
+    Setting("compile_threads", parsing.parse_int, parsing.coerce_positive_int, _usable_cores,
+            "Parallel compiler processes (default: the cores this process may use).", in_cache_key=False),
+    Setting("compile_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 600.0,
+            "Seconds after which a compiler run is killed.", in_cache_key=False),
+    Setting("lock_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 900.0,
+            "Seconds to wait for another process building the same artifact.", in_cache_key=False),
+    Setting("debug", parsing.parse_bool, parsing.coerce_bool, False,
+            "Keep build directories and print compiler commands.", in_cache_key=False),
+    Setting("log_level", parsing.parse_log_level, parsing.coerce_log_level, "WARNING",
+            "Level of the tuneforge loggers (DEBUG, INFO, WARNING, ERROR).", in_cache_key=False),
+    Setting("cpp.cxx", parsing.parse_optional_str, parsing.coerce_optional_str, None,
+            "C++ compiler to use; default: $CXX, then g++, then clang++."),
+    Setting("cpp.flags", parsing.parse_flags, parsing.coerce_str_tuple, (),
+            "Extra compiler flags appended to every C++ build (shell syntax in the environment)."),
+    Setting("cpp.openmp", parsing.parse_bool, parsing.coerce_bool, False,
+            "Build C++ kernels with OpenMP by default."),
+    Setting("cpp.march", parsing.parse_optional_str, parsing.coerce_march, _detected_march,
+            "Target CPU for -march (default: the CPU detected by the compiler; never the literal 'native')."),
+    Setting("cpp.opt_level", parsing.parse_opt_level, parsing.coerce_opt_level, "3",
+            "Optimisation level: 0, 1, 2, 3, s or fast."),
+    Setting("cpp.include_dirs", parsing.parse_path_list, parsing.coerce_path_tuple, (),
+            "Extra include directories for every C++ build (os.pathsep separated in the environment)."),
+)

@@ -1,0 +1,23 @@
+"""The artifact store named by the settings (``cache_dir``, ``cache_max_bytes``), one per process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuneforge import config
+from tuneforge.store.artifacts import ArtifactStore
+
+_stores: dict[tuple[str, int, float], ArtifactStore] = {}
+
+
+def artifacts_dir() -> Path:
+    return Path(config.get("cache_dir")) / "artifacts"
+
+
+def default_store() -> ArtifactStore:
+    """The store for the current settings; a patched cache_dir gets its own store object."""
+    spec = (str(artifacts_dir()), int(config.get("cache_max_bytes")), float(config.get("lock_timeout_s")))
+    store = _stores.get(spec)
+    if store is None:
+        store = _stores[spec] = ArtifactStore(spec[0], spec[1], lock_timeout_s=spec[2])
+    return store
