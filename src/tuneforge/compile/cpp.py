@@ -180,11 +180,16 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
             "compiler_warnings": proc.stderr[-4000:]}
 
 
+def artifact_key(build: CppBuild, toolchain: Toolchain | None = None) -> tuple[str, dict[str, Any]]:
+    """The store key of `build` under the current settings, and the inputs it was hashed from."""
+    material = key_material(build, toolchain or default_toolchain())
+    return "cpp" + key_hash(material), material
+
+
 def build(build: CppBuild) -> CppArtifact:
     """Return the artifact for `build`, compiling it only if no process has stored it yet."""
     toolchain = default_toolchain()
-    material = key_material(build, toolchain)
-    key = "cpp" + key_hash(material)
+    key, material = artifact_key(build, toolchain)
     store = default_store()
     compiled = False
 

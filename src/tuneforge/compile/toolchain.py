@@ -217,10 +217,10 @@ def _probe_cached(command: tuple[str, ...]) -> Toolchain:
 
 
 @functools.lru_cache(maxsize=16)
-def _toolchain_for(command: tuple[str, ...], cache_dir: str) -> Toolchain:
+def _toolchain_for(command: tuple[str, ...]) -> Toolchain:
     return _probe_cached(command)
 
 
 def default_toolchain() -> Toolchain:
     """The compiler the settings name, probed once per process (and once per machine on disk)."""
-    return _toolchain_for(find_compiler(), str(config.get("cache_dir")))
+    return _toolchain_for(find_compiler())

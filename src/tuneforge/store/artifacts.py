@@ -203,6 +203,9 @@ class ArtifactStore:
         for name in files:
             validate_file_name(name)
         meta_d, inputs_d = json_dict(meta, "meta"), json_dict(key_inputs, "key_inputs")
+        existing = self._lookup(key)  # don't copy big files just to throw them away
+        if existing is not None:
+            return existing
         self._cleanup_temp_once()
         staging = self._new_staging(key)
         try:

@@ -1,0 +1,3 @@
+from tuneforge.cli import run
+
+run()

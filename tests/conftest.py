@@ -1,0 +1,59 @@
+"""Shared fixtures: every test gets its own cache directory; helpers to run code in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Never touch the user's real cache: the whole session (and its child processes) use a scratch dir.
+# Set before tuneforge is imported, because settings are read from the environment at import.
+os.environ["TUNEFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tuneforge-tests-")
+
+from tuneforge import config
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty cache directory used by this process and by any child process the test starts."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TUNEFORGE_CACHE_DIR", str(root))
+    with config.patch(cache_dir=root):
+        yield root
+
+
+def run_python(code: str, *, env: dict[str, str] | None = None, check: bool = True,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter with the current environment (plus `env`)."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def wrapper_compiler(tmp_path: Path) -> Path:
+    """A compiler wrapper that logs each real compile (not probes) and can be told to refuse them."""
+    log = tmp_path / "compiler.log"
+    script = tmp_path / "logging-g++"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in
+          *" -shared "*)
+            echo "$*" >> {log}
+            if [ -n "$TUNEFORGE_TEST_FORBID_COMPILE" ]; then echo "compiler forbidden" >&2; exit 97; fi
+            if [ -n "$TUNEFORGE_TEST_SLOW_COMPILE" ]; then sleep "$TUNEFORGE_TEST_SLOW_COMPILE"; fi
+            ;;
+        esac
+        exec g++ "$@"
+        """))
+    script.chmod(0o755)
+    return script
