@@ -29,25 +29,12 @@ class Params:
 
 MATERIAL = {"b": [1, 2.5, "x"], "a": (Color.RED, Params(4, "p")), "c": {3, 1, 2}, "d": np.dtype("float32"),
             "e": b"\x00\xff", "f": None, "g": -0.0, "h": Path("rel/x.h")}
-MATERIAL_CODE = """
-import enum, dataclasses
-from pathlib import Path
-import numpy as np
-class Color(enum.Enum):
-    RED = 1
-@dataclasses.dataclass(frozen=True)
-class Params:
-    block: int
-    name: str
-Color.__module__ = Params.__module__ = "tests.test_hashing"
-MATERIAL = {"b": [1, 2.5, "x"], "a": (Color.RED, Params(4, "p")), "c": {3, 1, 2}, "d": np.dtype("float32"),
-            "e": b"\\x00\\xff", "f": None, "g": -0.0, "h": Path("rel/x.h")}
-"""
 
 
 def test_same_key_in_a_separate_process() -> None:
     expected = key_hash(MATERIAL), code_hash("int f();", extra={"flags": ["-O3"]})
-    out = run_python(MATERIAL_CODE + """
+    out = run_python("""
+from tests.test_hashing import MATERIAL
 from tuneforge.hashing import code_hash, key_hash
 print(key_hash(MATERIAL), code_hash("int f();", extra={"flags": ["-O3"]}))
 """, env={"PYTHONHASHSEED": "12345"}).stdout.split()
