@@ -87,3 +87,43 @@ def test_doctor_fails_without_compiler(cache_dir: Path) -> None:
 def test_console_script_runs(args: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", "tuneforge", *args], capture_output=True, text=True, check=True)
     assert "tuneforge" in proc.stdout.lower()
+
+
+def test_tune_prints_table_and_second_run_uses_records(cache_dir: Path) -> None:
+    from tuneforge.tune.select import clear_memo
+
+    clear_memo()
+    env = {"TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.005"}
+    proc = subprocess.run([sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "48x40x32"],
+                          capture_output=True, text=True, check=True, env={**__import__("os").environ, **env})
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "AUTOTUNE matmul(48x32, 32x40)"
+    assert any(line.startswith("  numpy_matmul ") for line in lines)
+    assert sum(line.startswith("  tiled_matmul_") for line in lines) == 4
+    assert lines[-1].startswith("SingleProcess AUTOTUNE benchmarking takes")
+    assert "decided from tuned" in proc.stdout
+    again = subprocess.run([sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "48x40x32"],
+                           capture_output=True, text=True, check=True)
+    assert "decided from records" in again.stdout and "nothing benchmarked" in again.stderr
+    assert "Invalid value" in invoke("tune", "matmul", "--shape", "48x40", code=2)
+
+
+def test_records_list_show_export_import_clear(cache_dir: Path, tmp_path: Path) -> None:
+    from tuneforge.tune.select import clear_memo
+
+    clear_memo()
+    with config.patch(autotune_bench_time_s=0.005):
+        invoke("tune", "matmul", "--shape", "16x16x16")
+    listing = invoke("records", "list")
+    assert "matmul" in listing and "float32[16x16]" in listing
+    key = next(line.split()[0] for line in listing.splitlines()[1:])
+    shown = invoke("records", "show", key)
+    assert "numpy_matmul" in shown and "tiled_matmul_0" in shown and "BM=32" in shown
+    bundle = json.loads(invoke("records", "export", "--op", "matmul"))
+    assert bundle["format"] == "tuneforge-records" and len(bundle["records"]) == 5
+    path = tmp_path / "tuned.json"
+    invoke("records", "export", "-o", str(path))
+    assert invoke("records", "clear").strip() == "deleted 5 records"
+    assert invoke("records", "import", str(path)).startswith("imported 5 records")
+    assert "deleted 5 records" in invoke("records", "clear", "--op", "matmul")
+    assert "selection keys start with" in invoke("records", "show", "nope", code=1)

@@ -10,17 +10,34 @@ from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge._version import __version__
-from tuneforge.errors import CompileError, ConfigError, TuneforgeError
+from tuneforge.errors import CompileError, ConfigError, NoValidChoicesError, TemplateError, TuneforgeError
 
 if TYPE_CHECKING:
     from tuneforge import cpp, python
+    from tuneforge.tune.autotune import autotune
+    from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
+    from tuneforge.tune.select import Selection, select, select_detailed
+    from tuneforge.tune.specs import TensorSpec
+    from tuneforge.tune.template import KernelTemplate
 
-__all__ = ["CompileError", "ConfigError", "TuneforgeError", "__version__", "config", "cpp", "python"]
+__all__ = ["CallableChoice", "Choice", "CompileError", "ConfigError", "ExternChoice", "KernelTemplate",
+           "NoValidChoicesError", "Selection", "TemplateError", "TensorSpec", "TuneforgeError", "__version__",
+           "autotune", "config", "cpp", "python", "select", "select_detailed"]
 
 _LAZY_MODULES = {"cpp", "python", "hashing"}
+# Public names and the module that defines them, imported on first use so `import tuneforge` stays light.
+_LAZY_NAMES = {
+    "autotune": "tuneforge.tune.autotune", "CallableChoice": "tuneforge.tune.choices",
+    "Choice": "tuneforge.tune.choices", "ExternChoice": "tuneforge.tune.choices",
+    "Selection": "tuneforge.tune.select", "select": "tuneforge.tune.select",
+    "select_detailed": "tuneforge.tune.select", "TensorSpec": "tuneforge.tune.specs",
+    "KernelTemplate": "tuneforge.tune.template",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
         return importlib.import_module(f"tuneforge.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'tuneforge' has no attribute {name!r}")

@@ -156,6 +156,125 @@ def config_show(as_json: bool) -> None:
                 [(i.name, _show(i.value), i.source, i.env_var) for i in infos])
 
 
+def _shape(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int, int]:
+    parts = value.lower().split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise click.BadParameter(f"expected MxNxK with positive integers (e.g. 512x512x512), got {value!r}")
+    m, n, k = (int(p) for p in parts)
+    return m, n, k
+
+
+_OPS = ("matmul",)
+
+
+@main.command()
+@click.argument("op", type=click.Choice(_OPS))
+@click.option("--shape", required=True, callback=_shape, metavar="MxNxK", help="C[M,N] = A[M,K] @ B[K,N].")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--space", type=click.Choice(["default", "exhaustive"]), default="default", show_default=True,
+              help="Candidate configurations to benchmark.")
+@click.option("--force", is_flag=True, help="Re-benchmark even when records exist.")
+def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bool) -> None:
+    """Tune a shipped op for one shape and print the AUTOTUNE table."""
+    import time
+
+    from tuneforge.kernels import matmul as family
+    from tuneforge.tune.select import select_detailed
+    from tuneforge.tune.specs import TensorSpec
+
+    m, n, k = shape
+    specs = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
+    started = time.perf_counter()
+    with config.patch(autotune_verbose=True, autotune_force=force or config.get("autotune.force")):
+        selection = select_detailed(op, family.choices(dtype, space), specs, out=TensorSpec.contiguous((m, n), dtype))
+    elapsed = time.perf_counter() - started
+    if selection.report is not None and not selection.benchmarked:
+        from tuneforge.tune.report import format_table
+
+        click.echo(format_table(selection.report, None), err=True, nl=False)
+    record = selection.records.get(selection.choice.hash_key)
+    timing = f" at {record.median_ms:.4f} ms" if record is not None and record.median_ms is not None else ""
+    params = f" ({selection.choice.info})" if selection.choice.info else ""
+    click.echo(f"{op} {m}x{n}x{k} {dtype}: {selection.choice.name}{params}{timing}; "
+               f"decided from {selection.source} in {elapsed:.2f} s")
+
+
+@main.group()
+def records() -> None:
+    """Inspect, export and import tuning records."""
+
+
+def _db() -> Any:
+    from tuneforge.store.default import default_records
+
+    return default_records()
+
+
+@records.command("list")
+@click.option("--op", default=None, help="Only this op.")
+def records_list(op: str | None) -> None:
+    """One line per selection key: op, inputs, choices, best choice and its time."""
+    db = _db()
+    rows = []
+    keys: list[str] = db.keys(op)
+    for key in keys:
+        recs = db.get(key)
+        best = db.best(key)
+        rows.append((key[:20], recs[0].op, recs[0].inputs, len(recs),
+                     best.choice_name if best else "-", f"{best.median_ms:.4f}" if best and best.median_ms else "-"))
+    print_table(None, ("key", "op", "inputs", "choices", "best", "median ms"), rows)
+
+
+@records.command("show")
+@click.argument("key")
+def records_show(key: str) -> None:
+    """Every record of one selection key (a unique prefix is enough)."""
+    db = _db()
+    matches = [k for k in db.keys() if k.startswith(key)]
+    if len(matches) != 1:
+        raise click.ClickException(f"{len(matches)} selection keys start with {key!r}; "
+                                   "list them with `tuneforge records list`")
+    recs = sorted(db.get(matches[0]), key=lambda r: (r.status != "ok", r.median_ms or 0.0))
+    click.echo(f"{matches[0]}  {recs[0].op}({recs[0].inputs})")
+    print_table(None, ("choice", "status", "median ms", "min ms", "runs", "params", "error"),
+                [(r.choice_name, r.status, f"{r.median_ms:.4f}" if r.median_ms is not None else "-",
+                  f"{r.min_ms:.4f}" if r.min_ms is not None else "-", r.count,
+                  ", ".join(f"{k}={v}" for k, v in r.params.items()), r.error.splitlines()[0] if r.error else "")
+                 for r in recs])
+
+
+@records.command("export")
+@click.option("--op", default=None, help="Only this op.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="File (default: stdout).")
+def records_export(op: str | None, output: str | None) -> None:
+    """Write a versioned JSON bundle of the records."""
+    from tuneforge.store.records import write_bundle
+
+    bundle = _db().export_bundle(op)
+    if output:
+        write_bundle(bundle, output)
+        click.echo(f"exported {len(bundle['records'])} records to {output}", err=True)
+    else:
+        click.echo(json.dumps(bundle, indent=1, sort_keys=True))
+
+
+@records.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--keep", type=click.Choice(["better", "newer", "theirs"]), default="better", show_default=True,
+              help="Which record wins when both have one for the same key and choice.")
+def records_import(path: str, keep: str) -> None:
+    """Merge a bundle into the local record database."""
+    written = _db().import_bundle(path, keep=keep)
+    click.echo(f"imported {written} records from {path}")
+
+
+@records.command("clear")
+@click.option("--op", default=None, help="Only this op.")
+def records_clear(op: str | None) -> None:
+    """Delete tuning records (all, or one op's)."""
+    click.echo(f"deleted {_db().clear(op)} records")
+
+
 @main.command()
 def doctor() -> None:
     """Check the compiler, CPU features, cache directory and optional dependencies."""

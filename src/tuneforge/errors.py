@@ -37,3 +37,20 @@ class CompileError(TuneforgeError):
 
 class ToolchainError(TuneforgeError):
     """No usable compiler was found, or it cannot do what was asked (e.g. OpenMP)."""
+
+
+class TemplateError(TuneforgeError):
+    """A kernel template cannot be registered or rendered; names the template and the problem."""
+
+
+class NoValidChoicesError(TuneforgeError):
+    """Autotuning had no choice that built, ran and gave the right result; lists each choice's reason."""
+
+    def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
+        self.reasons = dict(reasons or {})
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        lines = [self.args[0]]
+        lines += [f"  {name}: {reason}" for name, reason in self.reasons.items()]
+        return "\n".join(lines)

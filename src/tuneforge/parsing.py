@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +168,48 @@ def coerce_opt_level(value: Any) -> str:
     if text not in _OPT_LEVELS:
         raise ValueError(f"expected one of {', '.join(_OPT_LEVELS)}, got {value!r}")
     return text
+
+
+def one_of(*options: str) -> Callable[[Any], str]:
+    """A coercer accepting exactly one of `options` (case-insensitive)."""
+
+    def coerce(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return text
+
+    return coerce
+
+
+def coerce_optional_path(value: Any) -> Path | None:
+    if value is None or value == "":
+        return None
+    return coerce_path(value)
+
+
+def parse_optional_path(text: str) -> Path | None:
+    return parse_path(text) if text.strip() else None
+
+
+def coerce_non_negative_float(value: Any) -> float:
+    if isinstance(value, str):
+        value = parse_float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"expected a number >= 0, got {value}")
+    return float(value)
+
+
+def coerce_non_negative_int(value: Any) -> int:
+    if isinstance(value, str):
+        value = parse_int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"expected an integer >= 0, got {value}")
+    return value
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

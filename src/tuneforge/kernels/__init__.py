@@ -1,0 +1,1 @@
+"""Kernel families shipped with tuneforge, each a template plus a choice generator."""

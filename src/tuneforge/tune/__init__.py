@@ -1,0 +1,1 @@
+"""Autotuning: input specs, choices, benchmarking, selection."""

@@ -1,0 +1,146 @@
+"""Timing one choice on the CPU: warm-up, then timed runs within a time budget, summarised as quantiles.
+
+Each timed run calls ``setup()`` first (untimed: reset outputs, restore inputs), optionally evicts the
+last-level cache (untimed), then times ``fn()`` alone with ``time.perf_counter_ns``. Unset arguments come
+from the ``autotune.*`` settings. Exceptions from ``fn`` or ``setup`` propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tuneforge import config
+
+__all__ = ["STATISTICS", "Timing", "benchmark_cpu", "flush_last_level_cache"]
+
+STATISTICS = ("median", "min", "mean")
+_DEFAULT_L3_BYTES = 32 * 2**20
+_MAX_FLUSH_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of the timed runs of one choice, in milliseconds."""
+
+    median_ms: float
+    min_ms: float
+    mean_ms: float
+    p20_ms: float
+    p80_ms: float
+    max_ms: float
+    count: int  # timed runs
+    method: str  # how it was measured, e.g. "cpu-perf_counter" or "cpu-perf_counter+flush"
+
+    def stat(self, name: str) -> float:
+        """The statistic a winner is picked by: ``median``, ``min`` or ``mean``."""
+        if name not in STATISTICS:
+            raise ValueError(f"unknown timing statistic {name!r}; expected one of {', '.join(STATISTICS)}")
+        value: float = getattr(self, f"{name}_ms")
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timing:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_samples(cls, samples_ms: Sequence[float], method: str) -> Timing:
+        if not samples_ms:
+            raise ValueError("Timing.from_samples: no samples")
+        ordered = sorted(samples_ms)
+        return cls(median_ms=_quantile(ordered, 0.5), min_ms=ordered[0], mean_ms=sum(ordered) / len(ordered),
+                   p20_ms=_quantile(ordered, 0.2), p80_ms=_quantile(ordered, 0.8), max_ms=ordered[-1],
+                   count=len(ordered), method=method)
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default method) of a sorted sample."""
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
+                  warmup_s: float | None = None, budget_s: float | None = None, min_repeats: int | None = None,
+                  max_repeats: int | None = None, flush_cache: bool | None = None) -> Timing:
+    """Time ``fn()`` with wall-clock `time.perf_counter_ns`.
+
+    Warm-up: untimed ``setup(); fn()`` runs, at least one, until `warmup_s` has passed. Timed runs stop
+    once at least `min_repeats` were done and the timed phase (runs, setups and flushes) has lasted
+    `budget_s`, or at `max_repeats` runs. The garbage collector is paused during the timed runs.
+    """
+    warmup_s = config.get("autotune.warmup_s") if warmup_s is None else warmup_s
+    budget_s = config.get("autotune.bench_time_s") if budget_s is None else budget_s
+    min_repeats = config.get("autotune.min_repeats") if min_repeats is None else min_repeats
+    max_repeats = config.get("autotune.max_repeats") if max_repeats is None else max_repeats
+    flush_cache = config.get("autotune.flush_cache") if flush_cache is None else flush_cache
+    if max_repeats < 1:
+        raise ValueError(f"benchmark_cpu: max_repeats must be at least 1, not {max_repeats}")
+    min_repeats = min(min_repeats, max_repeats)
+
+    warmup_end = time.perf_counter() + warmup_s
+    while True:
+        if setup is not None:
+            setup()
+        fn()
+        if time.perf_counter() >= warmup_end:
+            break
+
+    budget_ns = budget_s * 1e9
+    samples_ns: list[int] = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start_ns = time.perf_counter_ns()
+        while True:
+            if setup is not None:
+                setup()
+            if flush_cache:
+                flush_last_level_cache()
+            t0 = time.perf_counter_ns()
+            fn()
+            t1 = time.perf_counter_ns()
+            samples_ns.append(t1 - t0)
+            if len(samples_ns) >= max_repeats:
+                break
+            if len(samples_ns) >= min_repeats and t1 - start_ns >= budget_ns:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    method = "cpu-perf_counter+flush" if flush_cache else "cpu-perf_counter"
+    return Timing.from_samples([ns / 1e6 for ns in samples_ns], method)
+
+
+_flush_lock = threading.Lock()
+_flush_buffer: np.ndarray[Any, np.dtype[np.int64]] | None = None
+_flush_sink = 0
+
+
+def flush_buffer_bytes(l3_bytes: int | None) -> int:
+    """Bytes written to evict the last-level cache: twice its size (32 MiB assumed when unknown), at most 256 MiB."""
+    return min(2 * (l3_bytes or _DEFAULT_L3_BYTES), _MAX_FLUSH_BYTES)
+
+
+def flush_last_level_cache() -> None:
+    """Evict the last-level cache by writing and reading back a buffer twice its size (allocated once)."""
+    global _flush_buffer, _flush_sink
+    with _flush_lock:
+        if _flush_buffer is None:
+            from tuneforge.cpuinfo import cpu_info
+
+            nbytes = flush_buffer_bytes(cpu_info().cache_bytes.get("L3"))
+            _flush_buffer = np.zeros(nbytes // 8, dtype=np.int64)
+        buffer = _flush_buffer
+        buffer += 1
+        _flush_sink = int(buffer.sum())

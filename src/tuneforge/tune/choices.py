@@ -1,0 +1,166 @@
+"""Choices: the candidate implementations that autotuning builds, verifies and times.
+
+A choice is called with the selection's arguments: for ``select()`` that is the inputs followed by
+the output buffer; for ``@autotune`` the launcher's own arguments. Building returns a future so that
+many choices can compile at once; running happens only after the build has finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from tuneforge.hashing import KeyMaterialError, key_hash, stable_dumps
+
+
+def _completed(value: Any = None) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future
+
+
+def _source_hash(fn: Callable[..., Any]) -> str | None:
+    """Hash of a Python function's source, so editing the function is a new choice."""
+    try:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+    except (OSError, TypeError):
+        return None  # builtins, ufuncs, C extensions: their name and module identify them
+
+
+def _key_value(value: Any) -> Any:
+    try:
+        stable_dumps(value)
+        return value
+    except KeyMaterialError:
+        return repr(value)
+
+
+class Choice(ABC):
+    """One candidate. Subclasses define how it is built and called."""
+
+    name: str
+    is_extern: bool = False
+
+    @property
+    @abstractmethod
+    def hash_key(self) -> str:
+        """Identity of what runs: equal keys mean interchangeable choices (deduplicated)."""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Parameters shown in reports and kept in records."""
+        return {}
+
+    @property
+    def info(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+    def build(self, executor: Executor | None = None) -> Future[Any]:
+        """Prepare the choice to run (compile it); the future fails with the build error."""
+        return _completed()
+
+    @abstractmethod
+    def run(self, args: Sequence[Any]) -> Any:
+        """Call the choice once with the selection's arguments (after build)."""
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(args)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self.info}>".replace(" >", ">")
+
+
+def _accepts_out(fn: Callable[..., Any]) -> bool:
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(fn, numpy.ufunc):
+        return True
+    try:
+        return "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class ExternChoice(Choice):
+    """A library call, e.g. ``ExternChoice(numpy.matmul)``: called as ``fn(*inputs, out=out, **kwargs)``.
+
+    Functions without an ``out`` parameter are called as ``fn(*inputs, **kwargs)`` and their result is
+    copied into the output buffer. Its hash covers the name, the keyword arguments and the function's
+    source where Python can see it.
+    """
+
+    is_extern = True
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, *, out: bool | None = None,
+                 **kwargs: Any) -> None:
+        if not callable(fn):
+            raise TypeError(f"ExternChoice needs a callable, got {fn!r}")
+        self.fn = fn
+        self.name = name or str(getattr(fn, "__name__", type(fn).__name__))
+        self.kwargs = kwargs
+        self.uses_out = _accepts_out(fn) if out is None else out
+        self._hash = "ext" + key_hash({
+            "name": self.name, "module": getattr(fn, "__module__", None),
+            "qualname": getattr(fn, "__qualname__", None),
+            "kwargs": {k: _key_value(v) for k, v in sorted(kwargs.items())},
+            "source": _source_hash(fn)})
+
+    @property
+    def hash_key(self) -> str:
+        return self._hash
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {k: v if isinstance(v, (int, float, str, bool)) else repr(v) for k, v in self.kwargs.items()}
+
+    def run(self, args: Sequence[Any]) -> Any:
+        *inputs, out = args
+        if self.uses_out:
+            return self.fn(*inputs, out=out, **self.kwargs)
+        result = self.fn(*inputs, **self.kwargs)
+        if out is not None:
+            if getattr(result, "shape", None) != getattr(out, "shape", None):
+                raise ValueError(f"{self.name} returned shape {getattr(result, 'shape', None)}, "
+                                 f"the output buffer has {getattr(out, 'shape', None)}")
+            out[...] = result
+        return out
+
+
+class CallableChoice(Choice):
+    """A Python callable plus a configuration passed as keyword arguments (the `@autotune` configs)."""
+
+    def __init__(self, fn: Callable[..., Any], config: Mapping[str, Any], name: str | None = None) -> None:
+        self.fn = fn
+        self.config = dict(config)
+        self.name = name or f"{getattr(fn, '__name__', 'kernel')}[{self.info or 'default'}]"
+        self._hash = "cfg" + key_hash({"fn": f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}",
+                                       "source": _source_hash(fn),
+                                       "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
+
+    @property
+    def hash_key(self) -> str:
+        return self._hash
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def run(self, args: Sequence[Any]) -> Any:
+        return self.fn(*args, **self.config)
+
+
+def dedupe(choices: Sequence[Choice]) -> list[Choice]:
+    """Drop later choices whose hash_key repeats an earlier one (same code, same parameters)."""
+    seen: set[str] = set()
+    unique = []
+    for choice in choices:
+        if not isinstance(choice, Choice):
+            raise TypeError(f"not a tuneforge Choice: {choice!r} (wrap functions with ExternChoice)")
+        if choice.hash_key not in seen:
+            seen.add(choice.hash_key)
+            unique.append(choice)
+    return unique

@@ -1,0 +1,208 @@
+"""select(): pick the fastest valid choice for these inputs, remembering the answer.
+
+The flow (DESIGN "The flow of one selection"): key -> in-process memo -> record database ->
+build the choices without a record -> verify against the reference -> benchmark -> record -> pick.
+Records are per (selection key, choice), so a new choice in the list is the only one benchmarked,
+and a decision is reused as long as the records cover every candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneforge import config
+from tuneforge.errors import NoValidChoicesError
+from tuneforge.hashing import key_hash, system_fingerprint
+from tuneforge.store.default import default_records
+from tuneforge.store.records import Record
+from tuneforge.tune import report as reporting
+from tuneforge.tune.choices import Choice, ExternChoice, dedupe
+from tuneforge.tune.measure import Workload, example_workload, make_args, measure
+from tuneforge.tune.specs import TensorSpec, key_of
+
+log = logging.getLogger("tuneforge.tune")
+
+_memo: dict[tuple[str, frozenset[str]], Choice] = {}
+_memo_lock = threading.Lock()
+
+
+@dataclass
+class Selection:
+    """The outcome of one select(): the winner, and how it was decided."""
+
+    choice: Choice
+    key: str
+    source: str  # single, memo, records, tuned, cache_only, fallback
+    benchmarked: list[str] = field(default_factory=list)  # names of choices timed by this call
+    records: dict[str, Record] = field(default_factory=dict)  # hash_key -> record of each candidate
+    report: reporting.SelectionReport | None = None
+
+
+def _arg_key(value: Any) -> Any:
+    if isinstance(value, TensorSpec):
+        return key_of(value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return key_of(TensorSpec.of(value))
+    return ("scalar", type(value).__name__)  # a scalar's type shapes the tuning, its value does not
+
+
+def selection_key(name: str, args: Sequence[Any]) -> str:
+    """Op name + every argument's key_of + this machine's fingerprint."""
+    return "sel" + key_hash({"op": name, "args": [_arg_key(a) for a in args],
+                             "system": system_fingerprint()["hash"]})
+
+
+def _spec_or_value(value: Any) -> Any:
+    if isinstance(value, TensorSpec) or not (hasattr(value, "shape") and hasattr(value, "dtype")):
+        return value
+    return TensorSpec.of(value)
+
+
+def _describe(value: Any) -> str:
+    return value.describe() if isinstance(value, TensorSpec) else repr(value)
+
+
+def _sizes(value: Any) -> str:
+    return value.sizes_text() if isinstance(value, TensorSpec) else repr(value)
+
+
+def _pick(candidates: Sequence[Choice], records: Mapping[str, Record], statistic: str) -> list[Choice]:
+    """Candidates with an ok record, fastest first (ties: list order)."""
+    timed = [(records[c.hash_key].time(statistic), i, c) for i, c in enumerate(candidates)
+             if c.hash_key in records and records[c.hash_key].status == "ok"]
+    return [c for t, _, c in sorted((t, i, c) for t, i, c in timed if t is not None)]
+
+
+def _ready(choice: Choice) -> Choice:
+    choice.build().result()
+    return choice
+
+
+def _rows(candidates: Sequence[Choice], records: Mapping[str, Record], statistic: str,
+          measured: set[str]) -> list[reporting.Row]:
+    rows = []
+    for c in candidates:
+        r = records.get(c.hash_key)
+        if r is not None:
+            rows.append(reporting.Row(c.name, r.status, r.time(statistic), c.info, r.error,
+                                      measured=c.hash_key in measured))
+    return rows
+
+
+def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
+           reference: Choice | Callable[..., Any] | None = None,
+           generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
+           atol: float | None = None, accumulate: bool = False) -> Choice:
+    """Return the fastest valid choice for inputs shaped like `inputs`; call it as ``choice(*inputs, out)``.
+
+    `inputs` are arrays (only their specs are used: benchmarking runs on generated example inputs,
+    never on your data) or TensorSpecs; `out` is the output buffer or its spec (default: the
+    reference's result layout). `reference` is the choice whose output is taken as correct (default:
+    the first ExternChoice). `generators` maps an input index to ``fn(spec, rng)`` for inputs that
+    must hold valid values (indices). With `accumulate`, the output's initial contents matter (``C +=``).
+    """
+    return select_detailed(name, choices, inputs, out=out, reference=reference, generators=generators,
+                           rtol=rtol, atol=atol, accumulate=accumulate).choice
+
+
+def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
+                    reference: Choice | Callable[..., Any] | None = None,
+                    generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
+                    atol: float | None = None, accumulate: bool = False) -> Selection:
+    """select(), returning the whole decision (key, source, records, what was benchmarked)."""
+    candidates = dedupe(list(choices))
+    if not candidates:
+        raise NoValidChoicesError(f"select({name!r}) got no choices: pass at least one (an ExternChoice "
+                                  "of the library call makes a good fallback)")
+    ref = reference if reference is None or isinstance(reference, Choice) else ExternChoice(reference)
+    ref = ref or next((c for c in candidates if c.is_extern), None)
+    arg_specs = [_spec_or_value(x) for x in inputs]
+    out_spec = _spec_or_value(out) if out is not None else None
+    if out_spec is None:
+        out_spec = _infer_out_spec(ref or candidates[0], arg_specs, generators)
+    key = selection_key(name, [*arg_specs, out_spec])
+    described = [_describe(s) for s in [*arg_specs, out_spec]]
+
+    def workload() -> Workload:
+        return example_workload(name, key, arg_specs, out_spec, generators=generators or {}, rtol=rtol, atol=atol,
+                                accumulate=accumulate, inputs_text=", ".join(described))
+
+    return decide(name, key, candidates, ref, workload, sizes=[_sizes(s) for s in arg_specs], described=described)
+
+
+def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
+           workload: Callable[[], Workload], *, sizes: list[str], described: list[str]) -> Selection:
+    """The shared core of select() and @autotune: memo -> records -> measure what is missing -> pick."""
+    fallback = next((c for c in candidates if c.is_extern), candidates[0])
+    if len(candidates) == 1:
+        return Selection(_ready(candidates[0]), key, "single")
+    force = bool(config.get("autotune.force"))
+    memo_key = (key, frozenset(c.hash_key for c in candidates))
+    if not force:
+        with _memo_lock:
+            hit = _memo.get(memo_key)
+        if hit is not None:
+            return Selection(hit, key, "memo")
+    statistic = str(config.get("autotune.statistic"))
+    db = default_records()
+    candidate_keys = {c.hash_key for c in candidates}
+    records = {} if force else {r.choice: r for r in db.get(key) if r.choice in candidate_keys}
+    missing = [c for c in candidates if c.hash_key not in records]
+    report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described, rows=[], winner="",
+                                       source="", statistic=statistic)
+    benchmarked: list[str] = []
+    if missing and config.get("autotune.cache_only"):
+        source = "cache_only"
+    elif missing:
+        outcome = measure(workload(), missing, reference)
+        db.put_many(outcome.records)
+        records.update({r.choice: r for r in outcome.records})
+        benchmarked = [c.name for c in missing if records[c.hash_key].status == "ok"]
+        report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
+        source = "tuned"
+    else:
+        source = "records"
+    winner = _first_that_builds(_pick(candidates, records, statistic))
+    if winner is None:
+        if source != "cache_only":
+            reasons = {c.name: f"{records[c.hash_key].status}: {records[c.hash_key].error}".strip()
+                       for c in candidates if c.hash_key in records}
+            raise NoValidChoicesError(f"no valid choice for {name}({', '.join(sizes)}); every candidate failed",
+                                      reasons)
+        winner, source = _ready(fallback), "fallback"
+    report.rows = _rows(candidates, records, statistic, {c.hash_key for c in missing})
+    report.winner, report.source = winner.name, source
+    reporting.emit(report, benchmarked=bool(benchmarked))
+    with _memo_lock:
+        _memo[memo_key] = winner
+    return Selection(winner, key, source, benchmarked, records, report)
+
+
+def _first_that_builds(ranked: Sequence[Choice]) -> Choice | None:
+    for choice in ranked:
+        try:
+            return _ready(choice)
+        except Exception as exc:  # e.g. the compiler went away since the record was written
+            log.warning("recorded winner %s no longer builds (%s); trying the next", choice.name, exc)
+    return None
+
+
+def _infer_out_spec(ref: Choice, arg_specs: Sequence[Any],
+                    generators: Mapping[int, Callable[..., Any]] | None) -> TensorSpec:
+    """Run the reference once without an output buffer and describe what it returns."""
+    values = make_args(arg_specs, generators or {})
+    result = _ready(ref).run([*values, None])
+    if result is None:
+        raise NoValidChoicesError(f"cannot tell the output layout: {ref.name} returned None with out=None; "
+                                  "pass out= (an array or a TensorSpec) to select()")
+    return TensorSpec.of(result)
+
+
+def clear_memo() -> None:
+    """Forget in-process decisions (the record database keeps them)."""
+    with _memo_lock:
+        _memo.clear()

@@ -1,0 +1,174 @@
+"""Kernel templates: Jinja2 source rendered with a configuration, then compiled as a choice.
+
+Rendering is strict (an undefined variable is an error naming the template and the variable).
+A template may leave placeholders with ``{{ hook("name") }}``; hooks are rendered last, once the
+body exists, so a hook can depend on what the body turned out to be (a signature, a table of
+constants). Parameters listed in ``runtime_params`` are not rendered: they go to the launcher at
+call time, so configurations differing only in them share one compiled artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from tuneforge.errors import TemplateError
+from tuneforge.hashing import key_hash
+from tuneforge.tune.choices import Choice, _completed, _key_value
+
+Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
+Hook = Callable[[Mapping[str, Any], str], str]
+
+_registry: dict[str, tuple[str, str]] = {}  # template name -> (source, signature)
+_registry_lock = threading.Lock()
+_HOOK_MARK = "\x00tuneforge-hook:{}\x00"
+
+
+def _environment() -> Any:
+    import jinja2  # lazily: only templates need it
+
+    return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+class KernelTemplate:
+    """A named kernel template. ``signature`` is the C prototype of the entry function (itself rendered),
+    or for ``language="python"`` the name of the entry function."""
+
+    def __init__(self, name: str, source: str, *, signature: str, language: str = "cpp",
+                 launcher: Launcher | None = None, hooks: Mapping[str, Hook] | None = None,
+                 runtime_params: Iterable[str] = (), flags: Sequence[str] = (), openmp: bool = False,
+                 include_dirs: Sequence[str] = ()) -> None:
+        if language not in ("cpp", "python"):
+            raise TemplateError(f"template {name!r}: language must be 'cpp' or 'python', not {language!r}")
+        with _registry_lock:
+            known = _registry.get(name)
+            if known is not None and known != (source, signature):
+                raise TemplateError(f"duplicate template name {name!r}: another template with this name and a "
+                                    "different source is already registered; give each template its own name")
+            _registry[name] = (source, signature)
+        self.name = name
+        self.source = source
+        self.signature = signature
+        self.language = language
+        self.launcher = launcher
+        self.hooks = dict(hooks or {})
+        self.runtime_params = frozenset(runtime_params)
+        self.flags = tuple(flags)
+        self.openmp = openmp
+        self.include_dirs = tuple(include_dirs)
+        self._compiled: Any = None
+
+    def _render_text(self, text: str, values: Mapping[str, Any], what: str) -> str:
+        import jinja2
+
+        used: list[str] = []
+
+        def hook(hook_name: str) -> str:
+            if hook_name not in self.hooks:
+                raise TemplateError(f"template {self.name!r}: unknown hook {hook_name!r} "
+                                    f"(hooks: {', '.join(sorted(self.hooks)) or 'none'})")
+            used.append(hook_name)
+            return _HOOK_MARK.format(hook_name)
+
+        try:
+            if self._compiled is None or what != "source":
+                compiled = _environment().from_string(text)
+                if what == "source":
+                    self._compiled = compiled
+            else:
+                compiled = self._compiled
+            body: str = compiled.render({**values, "hook": hook})
+        except jinja2.UndefinedError as exc:
+            raise TemplateError(f"template {self.name!r} ({what}): {exc.message} — pass it in the configuration "
+                                f"(given: {', '.join(sorted(values)) or 'nothing'})") from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(f"template {self.name!r} ({what}) line {exc.lineno}: {exc.message}") from None
+        for hook_name in used:  # hooks last: they see the finished body
+            body = body.replace(_HOOK_MARK.format(hook_name), self.hooks[hook_name](values, body))
+        return body
+
+    def render(self, config: Mapping[str, Any]) -> str:
+        """The source for `config` (runtime parameters are not available to the template)."""
+        values = {k: v for k, v in config.items() if k not in self.runtime_params}
+        return self._render_text(self.source, values, "source")
+
+    def render_signature(self, config: Mapping[str, Any]) -> str:
+        values = {k: v for k, v in config.items() if k not in self.runtime_params}
+        return self._render_text(self.signature, values, "signature").strip()
+
+    def choices(self, configs: Iterable[Mapping[str, Any]]) -> list[TemplateChoice]:
+        return [TemplateChoice(self, config, f"{self.name}_{i}") for i, config in enumerate(configs)]
+
+    def __repr__(self) -> str:
+        return f"<KernelTemplate {self.name} ({self.language})>"
+
+
+class TemplateChoice(Choice):
+    """A template rendered with one configuration; building compiles (or loads) it."""
+
+    def __init__(self, template: KernelTemplate, config: Mapping[str, Any], name: str) -> None:
+        self.template = template
+        self.config = dict(config)
+        self.name = name
+        self.source = template.render(self.config)
+        self.signature = template.render_signature(self.config)
+        runtime = {k: _key_value(v) for k, v in sorted(self.config.items()) if k in template.runtime_params}
+        self._hash = "tpl" + key_hash({
+            "template": template.name, "language": template.language,
+            "source": hashlib.sha256(self.source.encode()).hexdigest(), "signature": self.signature,
+            "flags": list(template.flags), "openmp": template.openmp, "runtime": runtime})
+        self._kernel: Callable[..., Any] | None = None
+        self._future: Future[Any] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def hash_key(self) -> str:
+        return self._hash
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def _load(self) -> Callable[..., Any]:
+        if self.template.language == "python":
+            from tuneforge.compile.python import load as load_python
+
+            module = load_python(self.source)
+            entry = self.signature
+        else:
+            from tuneforge.compile.bindings import parse_prototype
+            from tuneforge.compile.cpp import load_module
+
+            entry = parse_prototype(self.signature).name
+            module = load_module(self.source, functions=[self.signature], flags=self.template.flags,
+                                 openmp=self.template.openmp, include_dirs=self.template.include_dirs)
+        kernel: Callable[..., Any] | None = getattr(module, entry, None)
+        if kernel is None:
+            raise TemplateError(f"template {self.template.name!r}: the built module has no function {entry!r}")
+        self._kernel = kernel
+        return kernel
+
+    def build(self, executor: Executor | None = None) -> Future[Any]:
+        with self._lock:  # built once: a failed build stays failed (the source cannot change)
+            if self._future is None:
+                if executor is None:
+                    try:
+                        self._future = _completed(self._load())
+                    except Exception as exc:
+                        self._future = Future()
+                        self._future.set_exception(exc)
+                else:
+                    self._future = executor.submit(self._load)
+            return self._future
+
+    def run(self, args: Sequence[Any]) -> Any:
+        kernel = self._kernel
+        if kernel is None:
+            kernel = self.build().result()
+        if self.template.launcher is not None:
+            return self.template.launcher(kernel, args, self.config)
+        return kernel(*args)

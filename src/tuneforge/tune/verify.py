@@ -1,0 +1,110 @@
+"""Checking a choice's output against the reference, and guarding inputs against in-place writes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# (rtol, atol) by dtype; atol is scaled by the largest reference magnitude, because reductions
+# (a GEMM's K-sum) accumulate rounding error in proportion to the values' scale.
+_TOLERANCES = {
+    "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12),
+    "complex64": (1e-4, 1e-5), "complex128": (1e-9, 1e-12),
+}
+
+
+def _as_numpy(value: Any) -> np.ndarray[Any, Any]:
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach"):  # torch tensor: compare on the host in float64
+        return np.asarray(value.detach().cpu().double().numpy() if value.is_floating_point() else value.cpu())
+    return np.asarray(value)
+
+
+def tolerances(dtype: Any) -> tuple[float, float]:
+    name = str(dtype).removeprefix("torch.")
+    return _TOLERANCES.get(name, (0.0, 0.0))  # integers and bools must match exactly
+
+
+def compare(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None) -> str | None:
+    """None when `actual` matches `expected` within the dtype's tolerance; otherwise the reason."""
+    got, want = _as_numpy(actual), _as_numpy(expected)
+    if got.shape != want.shape:
+        return f"output shape {got.shape} differs from the reference's {want.shape}"
+    default_rtol, default_atol = tolerances(getattr(expected, "dtype", want.dtype))
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    if got.size == 0:
+        return None
+    if np.issubdtype(want.dtype, np.inexact):
+        finite_want = np.isfinite(want)
+        if not np.array_equal(np.isfinite(got), finite_want):
+            bad = np.argwhere(np.isfinite(got) != finite_want)[0]
+            return (f"non-finite value mismatch at index {tuple(int(i) for i in bad)}: got {got[tuple(bad)]}, "
+                    f"expected {want[tuple(bad)]} (was every element of the output written?)")
+        scale = float(np.max(np.abs(want[finite_want]))) if finite_want.any() else 1.0
+        error = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        error[~finite_want] = 0.0
+        limit = atol * max(scale, 1.0) + rtol * np.abs(want.astype(np.float64))
+        limit[~finite_want] = 0.0
+        if np.all(error <= limit):
+            return None
+        worst = np.unravel_index(int(np.argmax(error - limit)), error.shape)
+        return (f"wrong result: max abs error {float(error.max()):.3g}; at index {tuple(int(i) for i in worst)} "
+                f"got {got[worst]}, expected {want[worst]} (rtol={rtol:g}, atol={atol:g}×{max(scale, 1.0):.3g})")
+    if np.array_equal(got, want):
+        return None
+    first = tuple(int(i) for i in np.argwhere(got != want)[0])
+    return f"wrong result at index {first}: got {got[first]}, expected {want[first]} (exact match required)"
+
+
+def is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or (hasattr(value, "copy_") and hasattr(value, "clone"))
+
+
+def snapshot(args: Sequence[Any]) -> list[Any]:
+    """Copies of every array argument (None for the rest)."""
+    return [(a.clone() if hasattr(a, "clone") else a.copy()) if is_array(a) else None for a in args]
+
+
+def restore(args: Sequence[Any], saved: Sequence[Any], indices: Sequence[int] | None = None) -> None:
+    for i in range(len(args)) if indices is None else indices:
+        if saved[i] is not None:
+            if isinstance(args[i], np.ndarray):
+                np.copyto(args[i], saved[i])
+            else:
+                args[i].copy_(saved[i])
+
+
+def changed(args: Sequence[Any], saved: Sequence[Any], indices: Sequence[int]) -> list[int]:
+    """The indices among `indices` whose array contents differ from the snapshot (NaN equals NaN)."""
+    out = []
+    for i in indices:
+        if saved[i] is None:
+            continue
+        now, before = _as_numpy(args[i]), _as_numpy(saved[i])
+        equal_nan = bool(np.issubdtype(now.dtype, np.inexact))
+        if not np.array_equal(now, before, equal_nan=equal_nan):
+            out.append(i)
+    return out
+
+
+def poison(value: Any) -> None:
+    """Fill an output buffer with values no correct kernel leaves behind (NaN for floats)."""
+    if isinstance(value, np.ndarray):
+        if np.issubdtype(value.dtype, np.inexact):
+            value.fill(np.nan)
+        elif np.issubdtype(value.dtype, np.integer):
+            value.fill(np.iinfo(value.dtype).min)
+    elif hasattr(value, "fill_"):
+        value.fill_(float("nan") if value.is_floating_point() else -(2**31) + 1)
+
+
+def reset(value: Any) -> None:
+    """Zero an output buffer before a timed run."""
+    if isinstance(value, np.ndarray):
+        value.fill(0)
+    elif hasattr(value, "zero_"):
+        value.zero_()

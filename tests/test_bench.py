@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tuneforge import config
+from tuneforge.tune import bench
+from tuneforge.tune.bench import Timing, benchmark_cpu, flush_buffer_bytes, flush_last_level_cache
+
+
+def test_sleep_median_is_about_right() -> None:
+    timing = benchmark_cpu(lambda: time.sleep(0.002), warmup_s=0.0, budget_s=0.05, min_repeats=5, max_repeats=30)
+    assert 1.9 <= timing.median_ms <= 20.0
+    assert timing.min_ms <= timing.p20_ms <= timing.median_ms <= timing.p80_ms <= timing.max_ms
+    assert timing.min_ms <= timing.mean_ms <= timing.max_ms
+    assert timing.method == "cpu-perf_counter"
+
+
+def test_count_respects_min_and_max_repeats() -> None:
+    assert benchmark_cpu(lambda: None, min_repeats=7, max_repeats=50, warmup_s=0.0, budget_s=0.0).count == 7
+    assert benchmark_cpu(lambda: None, warmup_s=0.0, budget_s=10.0, min_repeats=1, max_repeats=12).count == 12
+    # max wins over min
+    assert benchmark_cpu(lambda: None, min_repeats=20, max_repeats=4, warmup_s=0.0, budget_s=0.0).count == 4
+
+
+def test_unset_arguments_come_from_settings() -> None:
+    with config.patch(autotune_warmup_s=0.0, autotune_bench_time_s=30.0, autotune_min_repeats=1,
+                      autotune_max_repeats=9):
+        assert benchmark_cpu(lambda: None).count == 9
+    with config.patch(autotune_bench_time_s=0.000001, autotune_min_repeats=6, autotune_max_repeats=100,
+                      autotune_flush_cache=True):
+        timing = benchmark_cpu(lambda: None, warmup_s=0.0)
+    assert timing.count == 6 and timing.method == "cpu-perf_counter+flush"
+
+
+def test_setup_once_per_run_and_not_timed() -> None:
+    calls = {"setup": 0, "fn": 0}
+
+    def setup() -> None:
+        calls["setup"] += 1
+        time.sleep(0.005)
+
+    def fn() -> None:
+        calls["fn"] += 1
+
+    timing = benchmark_cpu(fn, setup=setup, warmup_s=0.0, budget_s=0.0, min_repeats=6, max_repeats=6)
+    assert timing.count == 6
+    assert calls["setup"] == calls["fn"]  # warm-up runs call setup too
+    assert calls["fn"] >= 7  # at least one warm-up run plus the timed ones
+    assert timing.median_ms < 1.0
+
+
+def test_warmup_runs_until_its_time_has_passed() -> None:
+    calls: list[int] = []
+
+    def run() -> None:
+        calls.append(1)
+        time.sleep(0.001)
+
+    benchmark_cpu(run, warmup_s=0.03, budget_s=0.0, min_repeats=1,
+                  max_repeats=1)
+    assert len(calls) >= 1 + 10  # ~1 ms runs for 30 ms of warm-up, then one timed run
+
+
+def test_budget_stops_the_loop() -> None:
+    timing = benchmark_cpu(lambda: time.sleep(0.001), warmup_s=0.0, budget_s=0.05, min_repeats=3, max_repeats=2000)
+    assert 3 <= timing.count <= 100
+
+
+def test_flush_is_called_per_timed_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    flushes = []
+    monkeypatch.setattr(bench, "flush_last_level_cache", lambda: flushes.append(1))
+    timing = benchmark_cpu(lambda: None, flush_cache=True, min_repeats=5, max_repeats=5, warmup_s=0.0, budget_s=0.0)
+    assert timing.method == "cpu-perf_counter+flush"
+    assert len(flushes) == 5
+    flushes.clear()
+    plain = benchmark_cpu(lambda: None, flush_cache=False, min_repeats=5, max_repeats=5, warmup_s=0.0, budget_s=0.0)
+    assert plain.method == "cpu-perf_counter"
+    assert flushes == []
+
+
+def test_flush_buffer_size() -> None:
+    assert flush_buffer_bytes(8 * 2**20) == 16 * 2**20
+    assert flush_buffer_bytes(None) == 64 * 2**20
+    assert flush_buffer_bytes(2**30) == 256 * 2**20
+
+
+def test_flush_last_level_cache_writes_its_buffer() -> None:
+    flush_last_level_cache()
+    buffer = bench._flush_buffer
+    assert buffer is not None
+    first = int(buffer[0])
+    flush_last_level_cache()
+    assert bench._flush_buffer is buffer  # allocated once
+    assert int(buffer[0]) == first + 1 and int(buffer[-1]) == first + 1
+    assert 2 * 2**20 <= buffer.nbytes <= 256 * 2**20
+
+
+def test_exceptions_propagate_unchanged() -> None:
+    class Boom(Exception):
+        pass
+
+    def fails() -> None:
+        raise Boom("fn")
+
+    with pytest.raises(Boom, match="fn"):
+        benchmark_cpu(fails, warmup_s=0.0, budget_s=0.0)
+    runs = []
+
+    def fails_later() -> None:
+        runs.append(1)
+        if len(runs) == 3:
+            raise Boom("third")
+
+    with pytest.raises(Boom, match="third"):
+        benchmark_cpu(fails_later, min_repeats=10, max_repeats=10, warmup_s=0.0, budget_s=0.0)
+
+    def bad_setup() -> None:
+        raise KeyError("setup")
+
+    with pytest.raises(KeyError, match="setup"):
+        benchmark_cpu(lambda: None, setup=bad_setup, warmup_s=0.0, budget_s=0.0)
+
+
+def test_gc_state_restored_after_exception() -> None:
+    import gc
+
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError):
+        benchmark_cpu(lambda: 1 / 0, warmup_s=0.0, budget_s=0.0)
+    assert gc.isenabled()
+
+
+def test_timing_stat_json_and_quantiles() -> None:
+    timing = Timing.from_samples([5.0, 1.0, 2.0, 4.0, 3.0], "cpu-perf_counter")
+    assert (timing.min_ms, timing.median_ms, timing.max_ms, timing.mean_ms) == (1.0, 3.0, 5.0, 3.0)
+    assert timing.p20_ms == pytest.approx(np.quantile([1, 2, 3, 4, 5], 0.2))
+    assert timing.p80_ms == pytest.approx(np.quantile([1, 2, 3, 4, 5], 0.8))
+    assert timing.stat("median") == 3.0 and timing.stat("min") == 1.0 and timing.stat("mean") == 3.0
+    with pytest.raises(ValueError, match="unknown timing statistic 'p99'"):
+        timing.stat("p99")
+    data = timing.to_json()
+    assert data["count"] == 5 and data["method"] == "cpu-perf_counter"
+    assert Timing.from_json(data) == timing
+    single = Timing.from_samples([2.5], "x")
+    assert single.p20_ms == single.p80_ms == single.median_ms == 2.5

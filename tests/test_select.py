@@ -1,0 +1,226 @@
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuneforge import config
+from tuneforge.errors import NoValidChoicesError
+from tuneforge.store.default import default_records, default_store
+from tuneforge.tune.choices import ExternChoice
+from tuneforge.tune.select import clear_memo, select, select_detailed
+from tuneforge.tune.specs import TensorSpec
+
+from . import tuning_kernels as k
+from .conftest import run_python
+
+
+@pytest.fixture
+def tuning(cache_dir: Path) -> Iterator[Path]:
+    """Fast benchmarks, an empty cache and no in-process memo."""
+    clear_memo()
+    with config.patch(autotune_bench_time_s=0.005, autotune_warmup_s=0.0, autotune_min_repeats=3):
+        yield cache_dir
+    clear_memo()
+
+
+def arrays(n: int = 64, dtype: str = "float64") -> list[np.ndarray]:
+    return [np.ones(n, dtype=dtype), np.ones(n, dtype=dtype)]
+
+
+def test_no_choices_is_an_error(tuning: Path) -> None:
+    with pytest.raises(NoValidChoicesError, match="no choices"):
+        select("add", [], arrays())
+
+
+def test_one_choice_is_returned_without_benchmarking(tuning: Path) -> None:
+    only = ExternChoice(k.add_slow)
+    selection = select_detailed("add", [only], arrays(), out=np.empty(64))
+    assert selection.choice is only and selection.source == "single" and selection.benchmarked == []
+    assert default_records().count() == 0
+
+
+def test_fastest_valid_choice_wins_and_failures_are_recorded(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slow), ExternChoice(k.add_raises), ExternChoice(k.add_wrong),
+               ExternChoice(k.add_partial), ExternChoice(k.add), ExternChoice(k.add_slower),
+               *k.ADD_TEMPLATE.choices([{"BODY": k.BROKEN_BODY}])]
+    selection = select_detailed("add", choices, arrays(), out=np.empty(64))
+    assert selection.choice.name == "add"
+    status = {r.choice_name: r.status for r in default_records().get(selection.key)}
+    assert status == {"add_slow": "ok", "add_raises": "runtime_error", "add_wrong": "wrong_result",
+                      "add_partial": "wrong_result", "add": "ok", "add_slower": "ok", "test_add_0": "compile_error"}
+    errors = {r.choice_name: r.error for r in default_records().get(selection.key)}
+    assert "kernel exploded" in errors["add_raises"]
+    assert "not C++" in errors["test_add_0"] or "error" in errors["test_add_0"]
+    assert "wrong result" in errors["add_wrong"] and "non-finite" in errors["add_partial"]
+    assert sorted(selection.benchmarked) == ["add", "add_slow", "add_slower"]
+
+
+def test_all_failing_lists_every_reason(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_raises), *k.ADD_TEMPLATE.choices([{"BODY": k.BROKEN_BODY}])]
+    with pytest.raises(NoValidChoicesError) as info:
+        select("add", choices, arrays(), out=np.empty(64))
+    text = str(info.value)
+    assert "add_raises: runtime_error" in text and "kernel exploded" in text
+    assert "test_add_0: compile_error" in text
+
+
+def test_template_choice_can_win(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])]
+    winner = select("add", choices, arrays(), out=np.empty(64))
+    a, b = np.arange(5.0), np.full(5, 2.0)
+    out = np.zeros(5)
+    winner(a, b, out)
+    assert winner.name == "test_add_0" and out.tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_wrong_template_is_excluded(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.WRONG_BODY}])]
+    selection = select_detailed("add", choices, arrays(), out=np.empty(64))
+    assert selection.choice.name == "add_slower"
+    assert selection.records[choices[1].hash_key].status == "wrong_result"
+
+
+def test_decision_is_reused_and_new_choice_alone_is_benchmarked(tuning: Path) -> None:
+    first = select_detailed("add", [ExternChoice(k.add_slow), ExternChoice(k.add_slower)], arrays(),
+                            out=np.empty(64))
+    assert first.source == "tuned" and sorted(first.benchmarked) == ["add_slow", "add_slower"]
+    assert select_detailed("add", [ExternChoice(k.add_slow), ExternChoice(k.add_slower)], arrays(),
+                           out=np.empty(64)).source == "memo"
+    clear_memo()
+    again = select_detailed("add", [ExternChoice(k.add_slow), ExternChoice(k.add_slower)], arrays(),
+                            out=np.empty(64))
+    assert again.source == "records" and again.benchmarked == [] and again.choice.name == "add_slow"
+    more = select_detailed("add", [ExternChoice(k.add_slow), ExternChoice(k.add_slower), ExternChoice(k.add)],
+                           arrays(), out=np.empty(64))
+    assert more.benchmarked == ["add"] and more.choice.name == "add"
+    fewer = select_detailed("add", [ExternChoice(k.add_slower), ExternChoice(k.add_slow)], arrays(),
+                            out=np.empty(64))
+    assert fewer.benchmarked == [] and fewer.choice.name == "add_slow"
+
+
+def test_force_re_tunes_everything(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slow), ExternChoice(k.add)]
+    select("add", choices, arrays(), out=np.empty(64))
+    with config.patch(autotune_force=True):
+        forced = select_detailed("add", choices, arrays(), out=np.empty(64))
+    assert forced.source == "tuned" and sorted(forced.benchmarked) == ["add", "add_slow"]
+
+
+def test_cache_only_uses_cached_winner_or_fallback(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slower), ExternChoice(k.add)]
+    with config.patch(autotune_cache_only=True):
+        cold = select_detailed("add", choices, arrays(), out=np.empty(64))
+        assert cold.source == "fallback" and cold.choice.name == "add_slower" and cold.benchmarked == []
+    assert default_records().count() == 0
+    clear_memo()
+    select("add", choices, arrays(), out=np.empty(64))
+    clear_memo()
+    with config.patch(autotune_cache_only=True):
+        warm = select_detailed("add", [*choices, ExternChoice(k.add_slow)], arrays(), out=np.empty(64))
+    assert warm.choice.name == "add" and warm.benchmarked == []
+
+
+@pytest.mark.parametrize("change", ["dtype", "size", "stride", "offset"])
+def test_layout_changes_re_tune(tuning: Path, change: str) -> None:
+    choices = [ExternChoice(k.add_slow), ExternChoice(k.add)]
+    base = np.ones((8, 8))
+    select("add", choices, [base, base], out=np.empty((8, 8)))
+    variant = {"dtype": np.ones((8, 8), dtype=np.float32), "size": np.ones((8, 9)),
+               "stride": np.ones((8, 8)).T, "offset": np.ones(80)[3:67].reshape(8, 8)}[change]
+    out = np.empty(variant.shape, dtype=variant.dtype)
+    selection = select_detailed("add", choices, [variant, variant], out=out)
+    assert selection.source == "tuned", change
+
+
+def test_values_and_device_index_do_not_re_tune(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slow), ExternChoice(k.add)]
+    select("add", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    clear_memo()
+    assert select_detailed("add", choices, [np.full(16, 7.0), np.arange(16.0)],
+                           out=np.empty(16)).source == "records"
+    spec = TensorSpec.of(np.ones(16))
+    moved = TensorSpec(spec.dtype, spec.sizes, spec.strides, spec.offset, device="cpu", device_index=3)
+    clear_memo()
+    assert select_detailed("add", choices, [moved, moved], out=np.empty(16)).source == "records"
+
+
+def test_input_writes_are_flagged_and_undone(tuning: Path) -> None:
+    choices = [ExternChoice(k.add_slower), ExternChoice(k.add_in_place)]
+    selection = select_detailed("add", choices, arrays(), out=np.empty(64))
+    record = selection.records[choices[1].hash_key]
+    assert record.status == "ok" and record.info["mutates_inputs"] == [0]
+
+
+def test_benchmarks_run_on_generated_inputs_not_user_data(tuning: Path) -> None:
+    a, b = np.arange(16.0), np.arange(16.0)
+    select("add", [ExternChoice(k.add_in_place), ExternChoice(k.add)], [a, b], out=np.empty(16))
+    assert a.tolist() == list(range(16))  # untouched
+
+
+def test_verbose_table_and_json_log(tuning: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tuning / "selections.jsonl"
+    with config.patch(autotune_verbose=True, autotune_log=str(log)):
+        select("add", [ExternChoice(k.add_slow), ExternChoice(k.add_raises), ExternChoice(k.add)],
+               arrays(), out=np.empty(64))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "AUTOTUNE add(64, 64)"
+    assert err[1].startswith("  add ") and err[1].endswith(" ms 100.0% ")
+    assert err[2].startswith("  add_slow ") and " ms " in err[2]
+    assert err[3].startswith("  add_raises inf ms 0.0% runtime_error: RuntimeError: kernel exploded")
+    assert err[4].startswith("SingleProcess AUTOTUNE benchmarking takes ") and err[4].endswith(" seconds precompiling")
+    entry = json.loads(log.read_text().splitlines()[0])
+    assert entry["op"] == "add" and entry["winner"] == "add" and entry["source"] == "tuned"
+    assert {c["name"]: c["status"] for c in entry["choices"]}["add_raises"] == "runtime_error"
+
+
+def test_fresh_process_with_warm_records_builds_and_benchmarks_nothing(tuning: Path,
+                                                                       wrapper_compiler: Path) -> None:
+    code = """
+        import json, numpy as np
+        from tuneforge import config
+        from tuneforge.store.default import default_store
+        from tuneforge.tune.choices import ExternChoice
+        from tuneforge.tune.select import select_detailed
+        from tests import tuning_kernels as k
+        with config.patch(autotune_bench_time_s=0.005, autotune_warmup_s=0.0):
+            s = select_detailed("add", [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])],
+                                [np.ones(64), np.ones(64)], out=np.empty(64))
+        out = np.zeros(3); s.choice(np.ones(3), np.ones(3), out)
+        print(json.dumps([s.choice.name, s.source, s.benchmarked, out.tolist(), default_store().stats().puts]))
+    """
+    env = {"TUNEFORGE_CPP_CXX": str(wrapper_compiler)}
+    first = json.loads(run_python(code, env=env).stdout)
+    assert first == ["test_add_0", "tuned", ["add_slower", "test_add_0"], [2.0, 2.0, 2.0], 1]
+    compiles = (wrapper_compiler.parent / "compiler.log").read_text().count("\n")
+    second = json.loads(run_python(code, env={**env, "TUNEFORGE_TEST_FORBID_COMPILE": "1"}).stdout)
+    assert second == ["test_add_0", "records", [], [2.0, 2.0, 2.0], 1]
+    assert (wrapper_compiler.parent / "compiler.log").read_text().count("\n") == compiles
+
+
+def test_example_generator_supplies_valid_values(tuning: Path) -> None:
+    def take(data: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+        np.take(data, idx, out=out)
+
+    def take_slow(data: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+        k.time_sleep(0.002)
+        np.take(data, idx, out=out)
+
+    def indices(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(0, 100, size=spec.sizes)
+
+    data, idx = np.ones(100), np.zeros(10, dtype=np.int64)
+    selection = select_detailed("take", [ExternChoice(take_slow), ExternChoice(take)], [data, idx],
+                                out=np.empty(10), generators={1: indices})
+    assert all(r.status == "ok" for r in selection.records.values())
+
+
+def test_out_layout_inferred_from_reference(tuning: Path) -> None:
+    selection = select_detailed("matmul", [ExternChoice(np.matmul), ExternChoice(np.dot)],
+                                [np.ones((4, 3)), np.ones((3, 5))])
+    assert selection.report is not None and selection.report.inputs[-1] == "float64[4x5]"
+    assert os.path.exists(default_store().root.parent / "records.db")

@@ -1,0 +1,67 @@
+"""Choices used by the tuning tests: module-level so their source hashes are stable across processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tuneforge.tune.template import KernelTemplate
+
+
+def add(a: Any, b: Any, out: Any) -> None:
+    np.add(a, b, out=out)
+
+
+def add_slow(a: Any, b: Any, out: Any) -> None:
+    time.sleep(0.004)
+    np.add(a, b, out=out)
+
+
+def add_slower(a: Any, b: Any, out: Any) -> None:
+    time.sleep(0.008)
+    np.add(a, b, out=out)
+
+
+def add_wrong(a: Any, b: Any, out: Any) -> None:
+    np.subtract(a, b, out=out)
+
+
+def add_partial(a: Any, b: Any, out: Any) -> None:
+    np.add(a[:-1], b[:-1], out=out[:-1])  # forgets the last element
+
+
+def add_raises(a: Any, b: Any, out: Any) -> None:
+    raise RuntimeError("kernel exploded")
+
+
+def add_in_place(a: Any, b: Any, out: Any) -> None:
+    a += b  # writes into its input
+    out[...] = a
+
+
+ADD_SOURCE = r"""
+#include <stdint.h>
+extern "C" void add_kernel(const double* a, const double* b, double* out, int64_t n) {
+    {{ BODY }}
+}
+"""
+
+
+def _launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
+    a, b, out = args
+    kernel(a, b, out, a.size)
+
+
+ADD_TEMPLATE = KernelTemplate("test_add", ADD_SOURCE,
+                              signature="void add_kernel(const double* a, const double* b, double* out, int64_t n)",
+                              launcher=_launch)
+GOOD_BODY = "for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];"
+BROKEN_BODY = "this is not C++;"
+WRONG_BODY = "for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];"
+
+
+def time_sleep(seconds: float) -> None:
+    time.sleep(seconds)
