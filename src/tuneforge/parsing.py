@@ -51,24 +51,48 @@ def parse_float(text: str) -> float:
         raise ValueError(f"expected a number, got {text!r}") from None
 
 
-def coerce_positive_int(value: Any) -> int:
+def _int_value(value: Any) -> int:
     if isinstance(value, str):
         value = parse_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
-    if value < 1:
-        raise ValueError(f"expected an integer >= 1, got {value}")
     return value
 
 
-def coerce_positive_float(value: Any) -> float:
+def _float_value(value: Any) -> float:
     if isinstance(value, str):
         value = parse_float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"expected a number, got {value!r}")
-    if not value > 0:
-        raise ValueError(f"expected a number > 0, got {value}")
     return float(value)
+
+
+def coerce_positive_int(value: Any) -> int:
+    number = _int_value(value)
+    if number < 1:
+        raise ValueError(f"expected an integer >= 1, got {number}")
+    return number
+
+
+def coerce_non_negative_int(value: Any) -> int:
+    number = _int_value(value)
+    if number < 0:
+        raise ValueError(f"expected an integer >= 0, got {number}")
+    return number
+
+
+def coerce_positive_float(value: Any) -> float:
+    number = _float_value(value)
+    if not number > 0:
+        raise ValueError(f"expected a number > 0, got {number}")
+    return number
+
+
+def coerce_non_negative_float(value: Any) -> float:
+    number = _float_value(value)
+    if not number >= 0:
+        raise ValueError(f"expected a number >= 0, got {number}")
+    return number
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -190,26 +214,6 @@ def coerce_optional_path(value: Any) -> Path | None:
 
 def parse_optional_path(text: str) -> Path | None:
     return parse_path(text) if text.strip() else None
-
-
-def coerce_non_negative_float(value: Any) -> float:
-    if isinstance(value, str):
-        value = parse_float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, got {value!r}")
-    if value < 0:
-        raise ValueError(f"expected a number >= 0, got {value}")
-    return float(value)
-
-
-def coerce_non_negative_int(value: Any) -> int:
-    if isinstance(value, str):
-        value = parse_int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
-    if value < 0:
-        raise ValueError(f"expected an integer >= 0, got {value}")
-    return value
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
