@@ -224,3 +224,21 @@ def test_out_layout_inferred_from_reference(tuning: Path) -> None:
                                 [np.ones((4, 3)), np.ones((3, 5))])
     assert selection.report is not None and selection.report.inputs[-1] == "float64[4x5]"
     assert os.path.exists(default_store().root.parent / "records.db")
+
+
+def test_torch_tensors_select(tuning: Path) -> None:
+    torch = pytest.importorskip("torch")
+
+    def mm_slow(a: object, b: object) -> object:
+        k.time_sleep(0.003)
+        return torch.mm(a, b)  # type: ignore[arg-type]
+
+    a, b = torch.ones(8, 4), torch.ones(4, 6)
+    rng_state = torch.get_rng_state()
+    selection = select_detailed("torch_mm", [ExternChoice(mm_slow), ExternChoice(torch.mm)], [a, b],
+                                out=torch.empty(8, 6))
+    assert selection.choice.name == "mm" and all(r.status == "ok" for r in selection.records.values())
+    assert torch.equal(torch.get_rng_state(), rng_state)
+    out = torch.empty(8, 6)
+    selection.choice(a, b, out)
+    assert torch.equal(out, torch.full((8, 6), 4.0))
