@@ -65,3 +65,32 @@ WRONG_BODY = "for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];"
 
 def time_sleep(seconds: float) -> None:
     time.sleep(seconds)
+
+
+CRASH_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+// {{ LABEL }}
+extern "C" void crash_kernel(const double* a, const double* b, double* out, int64_t n) {
+    {{ BODY }}
+}
+"""
+
+CRASH_TEMPLATE = KernelTemplate(
+    "test_crash", CRASH_SOURCE,
+    signature="void crash_kernel(const double* a, const double* b, double* out, int64_t n)", launcher=_launch)
+
+BAD_BODIES = {
+    "segfault": "volatile double* p = nullptr; *p = a[0];",
+    "abort": "abort();",
+    "hang": "for (;;) { __asm__ volatile(\"\"); }",
+    "wrong": "for (int64_t i = 0; i < n; ++i) out[i] = a[i] - b[i];",
+    "broken": "this will not compile;",
+    "good": "for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];",
+    "good_slow": "for (int r = 0; r < 50; ++r) for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i] + 0 * r;",
+}
+
+
+def crash_choices(names: Sequence[str]) -> list[Any]:
+    return [choice for name in names
+            for choice in CRASH_TEMPLATE.choices([{"BODY": BAD_BODIES[name], "LABEL": name}])]

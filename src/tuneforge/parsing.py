@@ -216,6 +216,18 @@ def parse_optional_path(text: str) -> Path | None:
     return parse_path(text) if text.strip() else None
 
 
+def parse_int_list(text: str) -> tuple[int, ...]:
+    return tuple(parse_int(part) for part in text.replace(",", " ").split())
+
+
+def coerce_int_tuple(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        return parse_int_list(value)
+    if isinstance(value, Iterable):
+        return tuple(coerce_non_negative_int(v) for v in value)
+    raise TypeError(f"expected a list of integers, got {value!r}")
+
+
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from tuneforge.hashing import key_hash, system_fingerprint
 from tuneforge.tune.choices import CallableChoice, Choice, dedupe
-from tuneforge.tune.measure import Workload
 from tuneforge.tune.select import decide
+from tuneforge.tune.trials import TrialJob
 from tuneforge.tune.verify import is_array
 
 KeyFn = Callable[..., Any]
@@ -112,10 +112,10 @@ class Autotuner:
             reference = (_BoundChoice(CallableChoice(self.reference, {}, name="reference"),
                                       call_with(self.reference, {})) if self.reference is not None else None)
 
-            def workload() -> Workload:
+            def workload() -> TrialJob:
                 outputs = [i for i, v in enumerate(values) if is_array(v)]
-                return Workload(name=self.name, key=selection_key, args=values, outputs=outputs, rtol=self.rtol,
-                                atol=self.atol, poison_outputs=False, inputs_text=repr(key))
+                return TrialJob(name=self.name, key=selection_key, outputs=outputs, rtol=self.rtol, atol=self.atol,
+                                poison_outputs=False, inputs_text=repr(key), live_args=values)
 
             selection = decide(self.name, selection_key, bound, reference, workload, sizes=[repr(key)],
                                described=[repr(key)])

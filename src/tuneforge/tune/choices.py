@@ -45,6 +45,7 @@ class Choice(ABC):
 
     name: str
     is_extern: bool = False
+    is_native: bool = False  # compiled code that may crash the process: trials go to the isolated worker
 
     @property
     @abstractmethod

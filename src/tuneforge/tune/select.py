@@ -21,8 +21,9 @@ from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune import report as reporting
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
-from tuneforge.tune.measure import Workload, example_workload, make_args, measure
+from tuneforge.tune.measure import measure
 from tuneforge.tune.specs import TensorSpec, key_of
+from tuneforge.tune.trials import TrialJob
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -127,15 +128,16 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
     key = selection_key(name, [*arg_specs, out_spec])
     described = [_describe(s) for s in [*arg_specs, out_spec]]
 
-    def workload() -> Workload:
-        return example_workload(name, key, arg_specs, out_spec, generators=generators or {}, rtol=rtol, atol=atol,
-                                accumulate=accumulate, inputs_text=", ".join(described))
+    def workload() -> TrialJob:
+        return TrialJob(name=name, key=key, outputs=[len(arg_specs)], arg_specs=list(arg_specs), out_spec=out_spec,
+                        generators=dict(generators or {}), rtol=rtol, atol=atol, poison_outputs=not accumulate,
+                        inputs_text=", ".join(described))
 
     return decide(name, key, candidates, ref, workload, sizes=[_sizes(s) for s in arg_specs], described=described)
 
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
-           workload: Callable[[], Workload], *, sizes: list[str], described: list[str]) -> Selection:
+           workload: Callable[[], TrialJob], *, sizes: list[str], described: list[str]) -> Selection:
     """The shared core of select() and @autotune: memo -> records -> measure what is missing -> pick."""
     fallback = next((c for c in candidates if c.is_extern), candidates[0])
     if len(candidates) == 1:
@@ -158,9 +160,9 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     if missing and config.get("autotune.cache_only"):
         source = "cache_only"
     elif missing:
-        outcome = measure(workload(), missing, reference)
-        db.put_many(outcome.records)
+        outcome = measure(workload(), missing, reference, on_record=db.put)  # each record kept at once
         records.update({r.choice: r for r in outcome.records})
+        report.isolated = outcome.isolated
         benchmarked = [c.name for c in missing if records[c.hash_key].status == "ok"]
         report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
         source = "tuned"
@@ -194,7 +196,8 @@ def _first_that_builds(ranked: Sequence[Choice]) -> Choice | None:
 def _infer_out_spec(ref: Choice, arg_specs: Sequence[Any],
                     generators: Mapping[int, Callable[..., Any]] | None) -> TensorSpec:
     """Run the reference once without an output buffer and describe what it returns."""
-    values = make_args(arg_specs, generators or {})
+    values = TrialJob(name="", key="", outputs=[], arg_specs=list(arg_specs),
+                      generators=dict(generators or {})).materialize()
     result = _ready(ref).run([*values, None])
     if result is None:
         raise NoValidChoicesError(f"cannot tell the output layout: {ref.name} returned None with out=None; "

@@ -103,6 +103,10 @@ class KernelTemplate:
     def choices(self, configs: Iterable[Mapping[str, Any]]) -> list[TemplateChoice]:
         return [TemplateChoice(self, config, f"{self.name}_{i}") for i, config in enumerate(configs)]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to benchmark workers as data: the compiled Jinja template is rebuilt there if needed.
+        return {**self.__dict__, "_compiled": None}
+
     def __repr__(self) -> str:
         return f"<KernelTemplate {self.name} ({self.language})>"
 
@@ -114,6 +118,7 @@ class TemplateChoice(Choice):
         self.template = template
         self.config = dict(config)
         self.name = name
+        self.is_native = template.language == "cpp"
         self.source = template.render(self.config)
         self.signature = template.render_signature(self.config)
         runtime = {k: _key_value(v) for k, v in sorted(self.config.items()) if k in template.runtime_params}
@@ -132,6 +137,14 @@ class TemplateChoice(Choice):
     @property
     def params(self) -> dict[str, Any]:
         return dict(self.config)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only data crosses to a worker: it loads the artifact from the store by itself.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_kernel", "_future", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._kernel, self._future, self._lock = None, None, threading.Lock()
 
     def _load(self) -> Callable[..., Any]:
         if self.template.language == "python":

@@ -1,0 +1,148 @@
+"""Compiled choices run in an isolated worker: crashes and hangs cost that choice, never the selection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+from .conftest import run_python
+
+
+def tagged_processes(tag: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment carries TUNEFORGE_TEST_TAG=tag."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            state = Path(f"/proc/{entry}/stat").read_text().split(") ")[1].split()[0]
+        except OSError:
+            continue
+        if f"TUNEFORGE_TEST_TAG={tag}".encode() in environ.split(b"\0"):
+            found.append((int(entry), f"{state} {cmdline}"))
+    return found
+
+
+SELECTION = """
+    import json, os, sys
+    import numpy as np
+    from tuneforge import config
+    from tuneforge.tune.choices import ExternChoice
+    from tuneforge.tune.select import select_detailed
+    from tests import tuning_kernels as k
+    names = {names!r}
+    with config.patch(autotune_bench_time_s=0.01, autotune_warmup_s=0.0, autotune_bench_timeout_s=3.0):
+        s = select_detailed("crashy", [ExternChoice(k.add_slower), *k.crash_choices(names)],
+                            [np.ones(256), np.ones(256)], out=np.empty(256))
+    out = {{"winner": s.choice.params.get("LABEL", s.choice.name), "isolated": s.report.isolated,
+           "records": {{r.params.get("LABEL", r.choice_name): [r.status, r.error] for r in s.records.values()}}}}
+    print(json.dumps(out))
+    sys.stdout.flush()
+"""
+
+
+def test_crashing_hanging_wrong_and_broken_choices_next_to_good_ones(cache_dir: Path) -> None:
+    tag = uuid.uuid4().hex
+    names = ["segfault", "good_slow", "abort", "hang", "wrong", "broken", "good"]
+    started = time.monotonic()
+    proc = run_python(SELECTION.format(names=names), env={"TUNEFORGE_TEST_TAG": tag}, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert time.monotonic() - started < 60
+    records = result["records"]
+    assert result["isolated"] is True
+    assert result["winner"] == "good"
+    assert records["segfault"][0] == "crash" and "SIGSEGV" in records["segfault"][1]
+    assert records["abort"][0] == "crash" and "SIGABRT" in records["abort"][1]
+    assert records["hang"][0] == "timeout" and "3 s" in records["hang"][1]
+    assert records["wrong"][0] == "wrong_result" and "wrong result" in records["wrong"][1]
+    assert records["broken"][0] == "compile_error" and "error" in records["broken"][1]
+    assert records["good"][0] == "ok" and records["good_slow"][0] == "ok" and records["add_slower"][0] == "ok"
+    assert tagged_processes(tag) == []  # the child exited: no worker, compiler or zombie of it is left
+
+
+def test_worker_is_reused_and_leaves_no_zombies(cache_dir: Path) -> None:
+    tag = uuid.uuid4().hex
+    code = SELECTION.format(names=["segfault", "good"]) + """
+    import subprocess
+    from tuneforge.tune import runner
+    pid_before = runner._workers["cpu"].pid
+    with config.patch(autotune_bench_time_s=0.01, autotune_warmup_s=0.0):
+        select_detailed("crashy2", [ExternChoice(k.add_slower), *k.crash_choices(["good", "good_slow"])],
+                        [np.ones(64), np.ones(64)], out=np.empty(64))
+    assert runner._workers["cpu"].pid == pid_before
+    children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "pid=,stat=,args="],
+                              capture_output=True, text=True).stdout.strip().splitlines()
+    print(json.dumps(children))
+    """
+    children = json.loads(run_python(code, env={"TUNEFORGE_TEST_TAG": tag}).stdout.strip().splitlines()[-1])
+    assert len(children) == 2  # the live worker, and the ps command itself
+    assert not any(" Z" in line for line in children)
+    assert any("tuneforge.tune.worker" in line for line in children)
+    assert tagged_processes(tag) == []
+
+
+def test_in_process_when_isolation_is_off(cache_dir: Path) -> None:
+    code = SELECTION.format(names=["good"]).replace("autotune_bench_timeout_s=3.0",
+                                                      "autotune_bench_timeout_s=3.0, autotune_isolate=False")
+    result = json.loads(run_python(code).stdout.strip().splitlines()[-1])
+    assert result["isolated"] is False and result["winner"] == "good"
+
+
+INTERRUPTED = """
+    import numpy as np
+    from tuneforge import config
+    from tuneforge.tune.choices import ExternChoice
+    from tuneforge.tune.select import select_detailed
+    from tests import tuning_kernels as k
+    with config.patch(autotune_bench_time_s=0.01, autotune_warmup_s=0.0, autotune_bench_timeout_s=120.0,
+                      autotune_log={log!r}):
+        select_detailed("interrupted", [ExternChoice(k.add_slower), *k.crash_choices(["good", "hang", "good_slow"])],
+                        [np.ones(64), np.ones(64)], out=np.empty(64))
+"""
+
+
+def test_sigint_mid_selection_leaves_store_and_records_consistent(cache_dir: Path, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "TUNEFORGE_TEST_TAG": tag}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(INTERRUPTED.format(log=str(tmp_path / "l")))],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    records_db = cache_dir / "records.db"
+    while time.monotonic() < deadline:  # wait until the worker is stuck in the hanging kernel
+        if any("tuneforge.tune.worker" in cmd for _, cmd in tagged_processes(tag)) and records_db.exists():
+            check = run_python(f"""
+                from tuneforge.store.records import RecordDB
+                print(len(RecordDB({str(records_db)!r}, readonly=True).records("interrupted")))
+            """)
+            if int(check.stdout) >= 2:
+                break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    time.sleep(0.5)
+    assert tagged_processes(tag) == []
+    report = json.loads(run_python(f"""
+        import json, sqlite3
+        from tuneforge.store.default import default_store
+        from tuneforge.store.records import RecordDB
+        store = default_store()
+        keys = store.keys()
+        ok = [store.get(key) is not None for key in keys]
+        db = RecordDB({str(records_db)!r})
+        statuses = sorted(r.status for r in db.records("interrupted"))
+        integrity = sqlite3.connect({str(records_db)!r}).execute("PRAGMA integrity_check").fetchone()[0]
+        print(json.dumps([len(keys), all(ok), store.stats().corrupt, statuses, integrity]))
+    """).stdout)
+    n_keys, all_ok, corrupt, statuses, integrity = report
+    assert n_keys >= 3 and all_ok and corrupt == 0 and integrity == "ok"
+    assert statuses == ["ok", "ok"]  # what finished before the interrupt is kept; the hang is not recorded
