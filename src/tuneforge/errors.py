@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 class TuneforgeError(Exception):
@@ -24,6 +26,13 @@ class CompileError(TuneforgeError):
         self.source_path = source_path
         self.returncode = returncode
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The keyword-only constructor defeats Exception's default pickling, and a compile error must
+        # cross process boundaries (build pool workers) with its stderr, command and source path.
+        rebuild = functools.partial(type(self), command=self.command, stderr=self.stderr,
+                                    source_path=self.source_path, returncode=self.returncode)
+        return (rebuild, self.args[:1], self.__dict__)
 
     def __str__(self) -> str:
         parts = [self.args[0]]

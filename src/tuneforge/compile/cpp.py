@@ -238,6 +238,20 @@ def load(source: str, *, flags: Sequence[str] = (), openmp: bool | None = None,
 _INIT = re.compile(r"\bPyInit_([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
+def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
+                   openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = ()) -> CppBuild:
+    """The build of an extension module (see load_module), as data: what a build pool worker needs."""
+    from tuneforge.compile.bindings import module_source
+
+    full_source = module_source(source, functions) if functions else source
+    names = _INIT.findall(full_source)
+    if len(names) != 1:
+        raise CompileError("an extension module source must define exactly one PyInit_<name> function "
+                           f"(found {len(names)}); or pass functions=[...] to generate the bindings",
+                           command=[], stderr="", source_path=None)
+    return _request(full_source, flags, openmp, include_dirs, python_module=True)
+
+
 def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
                 openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = ()) -> ModuleType:
     """Build and import a CPython extension module: calls go straight in, without ctypes' overhead.
@@ -248,21 +262,14 @@ def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[s
     arrays (or anything with the buffer protocol) or integer addresses; integers and floats map to
     Python numbers.
     """
-    from tuneforge.compile.bindings import module_source
-
-    full_source = module_source(source, functions) if functions else source
-    names = _INIT.findall(full_source)
-    if len(names) != 1:
-        raise CompileError("an extension module source must define exactly one PyInit_<name> function "
-                           f"(found {len(names)}); or pass functions=[...] to generate the bindings",
-                           command=[], stderr="", source_path=None)
-    request = _request(full_source, flags, openmp, include_dirs, python_module=True)
+    request = module_request(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs)
     memo = _memo_key(request)
     module = _libraries.get(memo)
     if module is None:
         artifact = build(request)
-        loader = importlib.machinery.ExtensionFileLoader(names[0], str(artifact.library_path))
-        spec = importlib.util.spec_from_file_location(names[0], artifact.library_path, loader=loader)
+        name = _INIT.findall(request.source)[0]
+        loader = importlib.machinery.ExtensionFileLoader(name, str(artifact.library_path))
+        spec = importlib.util.spec_from_file_location(name, artifact.library_path, loader=loader)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)

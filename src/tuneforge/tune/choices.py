@@ -12,15 +12,27 @@ import inspect
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from tuneforge.hashing import KeyMaterialError, key_hash, stable_dumps
+
+
+class Builder(Protocol):
+    """Where compiled choices are built: the build pool (`tuneforge.compile.pool.BuildPool`)."""
+
+    def submit(self, build: Any, *, label: str = "") -> Future[Any]: ...
 
 
 def _completed(value: Any = None) -> Future[Any]:
     future: Future[Any] = Future()
     future.set_result(value)
+    return future
+
+
+def _failed(exc: BaseException) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_exception(exc)
     return future
 
 
@@ -61,7 +73,7 @@ class Choice(ABC):
     def info(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.params.items())
 
-    def build(self, executor: Executor | None = None) -> Future[Any]:
+    def build(self, builder: Builder | None = None) -> Future[Any]:
         """Prepare the choice to run (compile it); the future fails with the build error."""
         return _completed()
 

@@ -12,10 +12,10 @@ import logging
 import pickle
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from tuneforge import config
+from tuneforge.compile.pool import default_pool
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.trials import TrialJob, error_text, make_record, run_trials
@@ -30,18 +30,6 @@ class Outcome:
     verify_s: float = 0.0
     bench_s: float = 0.0
     isolated: bool = False
-
-
-_executor: ThreadPoolExecutor | None = None
-
-
-def build_executor() -> Executor:
-    """Compiles run in threads: each waits on a compiler subprocess, so they overlap on every core."""
-    global _executor
-    if _executor is None:
-        _executor = ThreadPoolExecutor(max_workers=int(config.get("compile_threads")),
-                                       thread_name_prefix="tuneforge-build")
-    return _executor
 
 
 def _picklable(obj: object) -> bool:
@@ -75,8 +63,9 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
 
     started = time.perf_counter()
     to_build = list(choices) + ([reference] if reference is not None and reference not in choices else [])
-    futures = {c.hash_key: c.build(build_executor()) for c in to_build}
-    wait(list(futures.values()))
+    pool = default_pool()
+    futures = {c.hash_key: c.build(pool) for c in to_build}
+    pool.wait(list(futures.values()))
     built = []
     for c in choices:
         exc = futures[c.hash_key].exception()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from typing import Any
 
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
-from tuneforge.tune.choices import Choice, _completed, _key_value
+from tuneforge.tune.choices import Builder, Choice, _completed, _failed, _key_value
 
 Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
 Hook = Callable[[Mapping[str, Any], str], str]
@@ -165,23 +165,35 @@ class TemplateChoice(Choice):
         self._kernel = kernel
         return kernel
 
-    def build(self, executor: Executor | None = None) -> Future[Any]:
-        with self._lock:  # built once: a failed build stays failed (the source cannot change)
+    def cpp_build(self) -> Any:
+        """The C++ build of this choice as data (a `CppBuild`), for a build pool."""
+        from tuneforge.compile.cpp import module_request
+
+        return module_request(self.source, functions=[self.signature], flags=self.template.flags,
+                              openmp=self.template.openmp, include_dirs=self.template.include_dirs)
+
+    def build(self, builder: Builder | None = None) -> Future[Any]:
+        """Compile in the build pool when one is given (the parent loads the artifact only when it runs
+        the choice), else compile and load here. Built once: a failed build stays failed."""
+        with self._lock:
             if self._future is None:
-                if executor is None:
+                if builder is not None and self.is_native:
+                    try:
+                        self._future = builder.submit(self.cpp_build(), label=self.name)
+                    except Exception as exc:
+                        self._future = _failed(exc)
+                else:
                     try:
                         self._future = _completed(self._load())
                     except Exception as exc:
-                        self._future = Future()
-                        self._future.set_exception(exc)
-                else:
-                    self._future = executor.submit(self._load)
+                        self._future = _failed(exc)
             return self._future
 
     def run(self, args: Sequence[Any]) -> Any:
         kernel = self._kernel
         if kernel is None:
-            kernel = self.build().result()
+            self.build().result()  # raises the build error, if any
+            kernel = self._kernel if self._kernel is not None else self._load()
         if self.template.launcher is not None:
             return self.template.launcher(kernel, args, self.config)
         return kernel(*args)
