@@ -146,3 +146,16 @@ def test_sigint_mid_selection_leaves_store_and_records_consistent(cache_dir: Pat
     n_keys, all_ok, corrupt, statuses, integrity = report
     assert n_keys >= 3 and all_ok and corrupt == 0 and integrity == "ok"
     assert statuses == ["ok", "ok"]  # what finished before the interrupt is kept; the hang is not recorded
+
+
+def test_worker_pinned_to_configured_cpus(cache_dir: Path) -> None:
+    code = """
+        from pathlib import Path
+        from tuneforge import config
+        from tuneforge.tune import runner
+        with config.patch(autotune_worker_cpus=[0]):
+            worker = runner._worker()
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+        print(next(line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list")))
+    """
+    assert run_python(code).stdout.strip() == "0"
