@@ -140,7 +140,7 @@ def config_group() -> None:
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         return " ".join(str(v) for v in value) if value else "(none)"
-    return "(auto)" if value is None else str(value)
+    return "(unset)" if value is None else str(value)
 
 
 @config_group.command("show")

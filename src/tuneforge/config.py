@@ -103,7 +103,7 @@ def names() -> list[str]:
 @dataclass(frozen=True)
 class SettingInfo:
     name: str
-    value: Any
+    value: Any  # "***" for a secret that is set
     source: str
     env_var: str
     doc: str
@@ -111,8 +111,9 @@ class SettingInfo:
 
 
 def describe() -> list[SettingInfo]:
-    return [SettingInfo(s.name, get(s.name), source(s.name), s.env_var, s.doc, s.in_cache_key)
-            for s in SETTINGS]
+    """Every setting for display: secrets are masked."""
+    return [SettingInfo(s.name, "***" if s.secret and get(s.name) else get(s.name), source(s.name), s.env_var,
+                        s.doc, s.in_cache_key) for s in SETTINGS]
 
 
 def _jsonable(value: Any) -> Any:

@@ -153,6 +153,13 @@ def coerce_optional_str(value: Any) -> str | None:
     raise TypeError(f"expected a string, got {value!r}")
 
 
+def coerce_namespace(value: Any) -> str:
+    text = coerce_optional_str(value)
+    if text is None or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", text):
+        raise ValueError(f"expected 1-64 letters, digits, '.', '_' or '-', got {value!r}")
+    return text
+
+
 def coerce_march(value: Any) -> str:
     text = coerce_optional_str(value)
     if text is None:

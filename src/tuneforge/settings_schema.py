@@ -30,6 +30,7 @@ class Setting:
     # Settings that cannot change a compiled artifact or a tuning result (paths, logging,
     # verbosity) are excluded from `cache_key_hash()`; the exclusion is declared here, per setting.
     in_cache_key: bool = True
+    secret: bool = False  # never displayed (config show prints *** instead)
 
     @property
     def env_var(self) -> str:
@@ -125,4 +126,26 @@ SETTINGS: tuple[Setting, ...] = (
             "CPU ids the benchmark worker is pinned to (comma separated; empty: no pinning).", in_cache_key=False),
     Setting("compile.progress", parsing.parse_bool, parsing.coerce_bool, True,
             "Show a progress bar for parallel builds when stderr is a terminal.", in_cache_key=False),
+    # Shared caches: a Redis tier and shipped bundles of tuning records.
+    Setting("remote.url", parsing.parse_optional_str, parsing.coerce_optional_str, None,
+            "Redis URL of the shared cache (redis://host:port/db); unset: local caches only.", in_cache_key=False),
+    Setting("remote.namespace", parsing.parse_optional_str, parsing.coerce_namespace, "tuneforge",
+            "Prefix of every Redis key, so teams or projects can share one server.", in_cache_key=False),
+    Setting("remote.secret", parsing.parse_optional_str, parsing.coerce_optional_str, None,
+            "Shared secret: every remote value is signed (HMAC-SHA256) and unsigned or mis-signed values are "
+            "rejected.", in_cache_key=False, secret=True),
+    Setting("remote.ttl_s", parsing.parse_float, parsing.coerce_non_negative_float, 30 * 24 * 3600.0,
+            "Seconds a remote entry lives (0: forever).", in_cache_key=False),
+    Setting("remote.max_entry_bytes", parsing.parse_size, parsing.coerce_positive_int, 64 * 2**20,
+            "Largest (compressed) artifact put into the remote cache.", in_cache_key=False),
+    Setting("remote.timeout_s", parsing.parse_float, parsing.coerce_positive_float, 0.5,
+            "Per-call time-out of the remote cache; a slow server counts as an outage.", in_cache_key=False),
+    Setting("remote.retry_s", parsing.parse_float, parsing.coerce_positive_float, 30.0,
+            "After a remote error, seconds before the remote cache is tried again.", in_cache_key=False),
+    Setting("bundles", parsing.parse_path_list, parsing.coerce_path_tuple, (),
+            "Bundles of tuning records consulted read-only after the local and remote tiers "
+            "(os.pathsep separated in the environment).", in_cache_key=False),
+    Setting("bundles_nearest", parsing.parse_bool, parsing.coerce_bool, True,
+            "When a bundle has no record for a shape, answer with the nearest tuned shape of the same op.",
+            in_cache_key=False),
 )
