@@ -14,15 +14,34 @@ from tuneforge.errors import CompileError, ConfigError, NoValidChoicesError, Tem
 
 if TYPE_CHECKING:
     from tuneforge import cpp, python
+    from tuneforge.kernels.gemm import gemm
     from tuneforge.tune.autotune import autotune
     from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
     from tuneforge.tune.select import Selection, select, select_detailed
     from tuneforge.tune.specs import TensorSpec
     from tuneforge.tune.template import KernelTemplate
 
-__all__ = ["CallableChoice", "Choice", "CompileError", "ConfigError", "ExternChoice", "KernelTemplate",
-           "NoValidChoicesError", "Selection", "TemplateError", "TensorSpec", "TuneforgeError", "__version__",
-           "autotune", "config", "cpp", "python", "select", "select_detailed"]
+__all__ = [
+    "CallableChoice",
+    "Choice",
+    "CompileError",
+    "ConfigError",
+    "ExternChoice",
+    "KernelTemplate",
+    "NoValidChoicesError",
+    "Selection",
+    "TemplateError",
+    "TensorSpec",
+    "TuneforgeError",
+    "__version__",
+    "autotune",
+    "config",
+    "cpp",
+    "gemm",
+    "python",
+    "select",
+    "select_detailed",
+]
 
 _LAZY_MODULES = {"cpp", "python", "hashing"}
 # Public names and the module that defines them, imported on first use so `import tuneforge` stays light.
@@ -31,7 +50,7 @@ _LAZY_NAMES = {
     "Choice": "tuneforge.tune.choices", "ExternChoice": "tuneforge.tune.choices",
     "Selection": "tuneforge.tune.select", "select": "tuneforge.tune.select",
     "select_detailed": "tuneforge.tune.select", "TensorSpec": "tuneforge.tune.specs",
-    "KernelTemplate": "tuneforge.tune.template",
+    "KernelTemplate": "tuneforge.tune.template", "gemm": "tuneforge.kernels.gemm",
 }
 
 

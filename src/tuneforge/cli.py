@@ -164,7 +164,7 @@ def _shape(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int,
     return m, n, k
 
 
-_OPS = ("matmul",)
+_OPS = ("gemm", "matmul")
 
 
 @main.command()
@@ -175,18 +175,30 @@ _OPS = ("matmul",)
               help="Candidate configurations to benchmark.")
 @click.option("--force", is_flag=True, help="Re-benchmark even when records exist.")
 def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bool) -> None:
-    """Tune a shipped op for one shape and print the AUTOTUNE table."""
+    """Tune a shipped op for one shape and print the AUTOTUNE table.
+
+    gemm: the tuned GEMM family (C = A @ B) against numpy.matmul; matmul: the small tiled example.
+    """
     import time
 
-    from tuneforge.kernels import matmul as family
     from tuneforge.tune.select import select_detailed
     from tuneforge.tune.specs import TensorSpec
 
     m, n, k = shape
-    specs = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
+    specs: list[Any] = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
+    if op == "gemm":
+        from tuneforge.kernels.gemm import Problem
+        from tuneforge.kernels.gemm import choices as gemm_choices
+
+        candidates = gemm_choices(Problem(m, n, k, dtype), space)
+        specs += [1.0, 0.0, None]  # alpha, beta, bias: C = A @ B
+    else:
+        from tuneforge.kernels import matmul as family
+
+        candidates = family.choices(dtype, space)
     started = time.perf_counter()
     with config.patch(autotune_verbose=True, autotune_force=force or config.get("autotune.force")):
-        selection = select_detailed(op, family.choices(dtype, space), specs, out=TensorSpec.contiguous((m, n), dtype))
+        selection = select_detailed(op, candidates, specs, out=TensorSpec.contiguous((m, n), dtype))
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
         from tuneforge.tune.report import format_table
@@ -195,7 +207,8 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bo
     record = selection.records.get(selection.choice.hash_key)
     timing = f" at {record.median_ms:.4f} ms" if record is not None and record.median_ms is not None else ""
     params = f" ({selection.choice.info})" if selection.choice.info else ""
-    click.echo(f"{op} {m}x{n}x{k} {dtype}: {selection.choice.name}{params}{timing}; "
+    flops = f", {2 * m * n * k / record.median_ms / 1e6:.1f} GFLOP/s" if timing and record and record.median_ms else ""
+    click.echo(f"{op} {m}x{n}x{k} {dtype}: {selection.choice.name}{params}{timing}{flops}; "
                f"decided from {selection.source} in {elapsed:.2f} s")
 
 

@@ -89,6 +89,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Optimisation level: 0, 1, 2, 3, s or fast."),
     Setting("cpp.include_dirs", parsing.parse_path_list, parsing.coerce_path_tuple, (),
             "Extra include directories for every C++ build (os.pathsep separated in the environment)."),
+    Setting("kernel_threads", parsing.parse_int, parsing.coerce_non_negative_int, 0,
+            "Most threads a shipped kernel (gemm) may use; 0: every core this process may use.",
+            in_cache_key=False),
     # Autotuning: none of these changes a compiled artifact, so none is in the artifact cache key.
     Setting("autotune.verbose", parsing.parse_bool, parsing.coerce_bool, False,
             "Print the AUTOTUNE table on stderr after each benchmarked selection.", in_cache_key=False),

@@ -133,7 +133,8 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
                         generators=dict(generators or {}), rtol=rtol, atol=atol, poison_outputs=not accumulate,
                         inputs_text=", ".join(described))
 
-    return decide(name, key, candidates, ref, workload, sizes=[_sizes(s) for s in arg_specs], described=described)
+    sizes = [_sizes(s) for s in arg_specs if isinstance(s, TensorSpec)]  # the header shows array sizes only
+    return decide(name, key, candidates, ref, workload, sizes=sizes, described=described)
 
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,

@@ -41,7 +41,7 @@ class KernelTemplate:
     def __init__(self, name: str, source: str, *, signature: str, language: str = "cpp",
                  launcher: Launcher | None = None, hooks: Mapping[str, Hook] | None = None,
                  runtime_params: Iterable[str] = (), flags: Sequence[str] = (), openmp: bool = False,
-                 include_dirs: Sequence[str] = ()) -> None:
+                 include_dirs: Sequence[str] = (), describe: Callable[[dict[str, Any]], str] | None = None) -> None:
         if language not in ("cpp", "python"):
             raise TemplateError(f"template {name!r}: language must be 'cpp' or 'python', not {language!r}")
         with _registry_lock:
@@ -60,6 +60,7 @@ class KernelTemplate:
         self.flags = tuple(flags)
         self.openmp = openmp
         self.include_dirs = tuple(include_dirs)
+        self.describe = describe  # the info column of reports; default: every parameter
         self._compiled: Any = None
 
     def _render_text(self, text: str, values: Mapping[str, Any], what: str) -> str:
@@ -138,6 +139,12 @@ class TemplateChoice(Choice):
     def params(self) -> dict[str, Any]:
         return dict(self.config)
 
+    @property
+    def info(self) -> str:
+        if self.template.describe is not None:
+            return self.template.describe(self.config)
+        return super().info
+
     def __getstate__(self) -> dict[str, Any]:
         # Only data crosses to a worker: it loads the artifact from the store by itself.
         return {k: v for k, v in self.__dict__.items() if k not in ("_kernel", "_future", "_lock")}
@@ -188,6 +195,13 @@ class TemplateChoice(Choice):
                     except Exception as exc:
                         self._future = _failed(exc)
             return self._future
+
+    def kernel(self) -> Callable[..., Any]:
+        """The compiled entry function (loaded from the store on first use)."""
+        if self._kernel is None:
+            self.build().result()  # raises the build error, if any
+            return self._kernel if self._kernel is not None else self._load()
+        return self._kernel
 
     def run(self, args: Sequence[Any]) -> Any:
         kernel = self._kernel

@@ -1,0 +1,147 @@
+"""tuneforge.gemm(): C = alpha * A @ B + beta * C (+ bias), tuned per shape, dtype and layout.
+
+The first call for a layout selects among numpy.matmul (OpenBLAS, always a candidate, so the result
+is never slower than the library) and the compiled configurations of the `default` space; the
+decision and the kernels are cached, and later calls dispatch through a dict to a prepared call.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space
+from tuneforge.kernels.gemm.template import TEMPLATE, static_args
+from tuneforge.tune.choices import Choice, ExternChoice
+from tuneforge.tune.select import select
+from tuneforge.tune.template import TemplateChoice
+
+
+def numpy_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
+    """The library reference: numpy.matmul (OpenBLAS) with the epilogue in numpy."""
+    if alpha == 1 and beta == 0 and bias is None:
+        np.matmul(a, b, out=out)
+        return
+    product = np.matmul(a, b)
+    if alpha != 1:
+        product *= alpha
+    if beta != 0:
+        product += beta * out
+    if bias is not None:
+        product += bias
+    out[...] = product
+
+
+def op_name(beta: float, bias: Any) -> str:
+    """Reading C (beta != 0) and adding a bias change the work, so each variant is tuned on its own."""
+    return "gemm" + ("_beta" if beta != 0 else "") + ("_bias" if bias is not None else "")
+
+
+def choices(problem: Problem, space: str = "default") -> list[Choice]:
+    if problem.dtype not in C_TYPES:
+        raise ValueError(f"gemm supports float32 and float64, not {problem.dtype}")
+    if space == "default":
+        configs = default_space(problem)
+    elif space == "exhaustive":
+        configs = list(exhaustive_space(problem))
+    else:
+        raise ValueError(f"space must be 'default' or 'exhaustive', not {space!r}")
+    return [ExternChoice(numpy_gemm, name="numpy_matmul"), *TEMPLATE.choices(configs)]
+
+
+def _check(a: Any, b: Any, out: Any, bias: Any) -> None:
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+        raise TypeError("gemm takes numpy arrays")
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm needs A[M,K] and B[K,N], got shapes {a.shape} and {b.shape}")
+    if a.dtype != b.dtype or a.dtype.name not in C_TYPES:
+        raise ValueError(f"gemm needs A and B of one dtype, float32 or float64; got {a.dtype} and {b.dtype}")
+    if out is not None and (out.shape != (a.shape[0], b.shape[1]) or out.dtype != a.dtype):
+        raise ValueError(f"out must be {a.dtype}[{a.shape[0]}x{b.shape[1]}], got {out.dtype}{list(out.shape)}")
+    if bias is not None and (bias.shape != (b.shape[1],) or bias.dtype != a.dtype):
+        raise ValueError(f"bias must be {a.dtype}[{b.shape[1]}], got {bias.dtype}{list(bias.shape)}")
+
+
+def _usable(arr: Any) -> Any:
+    """The kernels take any positive element strides; other layouts are copied once."""
+    if all(s >= 0 and s % arr.itemsize == 0 for s in arr.strides):
+        return arr
+    return np.ascontiguousarray(arr)
+
+
+Call = Callable[[Any, Any, float, float, Any, Any], None]
+_dispatch: dict[tuple[Any, ...], Call] = {}
+_lock = threading.Lock()
+
+
+def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Call:
+    """A call with everything fixed by the layout already bound (sizes, strides, blocking)."""
+    if isinstance(choice, TemplateChoice):
+        choice.build().result()
+        kernel = choice.kernel()
+        head = static_args(a, b, out, choice.config)
+        bound = functools.partial(kernel, *head)
+
+        def call(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
+            bound(float(alpha), float(beta), a, b, out, bias)
+
+        return call
+    return lambda a, b, alpha, beta, bias, out: choice.run([a, b, alpha, beta, bias, out])
+
+
+def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
+         space: str = "default") -> Any:
+    """``out = alpha * a @ b + beta * out + bias`` for 2-D float32/float64 arrays of any strides.
+
+    With ``beta == 0`` (the default) `out`'s previous contents are ignored; `bias` is a row vector
+    of length N. Returns `out` (allocated C-contiguous when not given).
+    """
+    if out is None:
+        if beta != 0:
+            raise ValueError("beta != 0 needs an out array to accumulate into")
+        out = np.empty((a.shape[0], b.shape[1]) if a.ndim == 2 and b.ndim == 2 else (0, 0), dtype=a.dtype)
+    key = (a.shape, a.strides, b.shape, b.strides, out.strides, a.dtype.char, b.dtype.char, out.dtype.char,
+           beta != 0, bias is None, space)
+    call = _dispatch.get(key)
+    if call is None:
+        _check(a, b, out, bias)
+        call = _tune(key, a, b, out, beta, bias, space)
+    call(a, b, alpha, beta, bias, out)
+    return out
+
+
+def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, space: str) -> Call:
+    with _lock:
+        call = _dispatch.get(key)
+        if call is not None:
+            return call
+        a_t, b_t = _usable(a), _usable(b)
+        out_t = out if _usable(out) is out else np.empty(out.shape, out.dtype)
+        problem = Problem(a.shape[0], b.shape[1], a.shape[1], a.dtype.name)
+        winner = select(op_name(beta, bias), choices(problem, space), [a_t, b_t, 1.0, beta, bias], out=out_t,
+                        accumulate=beta != 0)
+        call = _prepare(winner, a_t, b_t, out_t)
+        if a_t is not a or b_t is not b or out_t is not out:  # layouts the kernels cannot take: copy per call
+            call = _with_copies(call)
+        _dispatch[key] = call
+        return call
+
+
+def _with_copies(inner: Call) -> Call:
+    def call(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
+        target = out if _usable(out) is out else np.array(out, order="C")
+        inner(_usable(a), _usable(b), alpha, beta, bias, target)
+        if target is not out:
+            out[...] = target
+
+    return call
+
+
+def clear_dispatch() -> None:
+    """Forget the prepared calls (decisions stay in the record database)."""
+    with _lock:
+        _dispatch.clear()

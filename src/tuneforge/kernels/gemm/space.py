@@ -1,0 +1,162 @@
+"""Which GEMM configurations to try for a problem: the `default` space (about a dozen, chosen from the
+shape, dtype, vector ISA and cache sizes) and the `exhaustive` space.
+
+Vector widths come from the CPU actually detected: AVX-512 (64-byte vectors) only where avx512f is
+present, AVX2 (32) where avx2+fma are, NEON (16) on aarch64; never compiled for a CPU without them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tuneforge import config
+from tuneforge.cpuinfo import CpuInfo, cpu_info
+
+C_TYPES = {"float32": "float", "float64": "double"}
+COMPILE_PARAMS = ("T", "VEC_BYTES", "MR", "NV", "PACK_A", "PACK_B", "UNROLL", "LOOP", "NAME")
+
+
+@dataclass(frozen=True)
+class Problem:
+    m: int
+    n: int
+    k: int
+    dtype: str  # float32 or float64
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 8
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+def vector_widths(cpu: CpuInfo) -> list[int]:
+    """Vector sizes in bytes this CPU runs natively, widest first."""
+    if cpu.arch in ("aarch64", "arm64"):
+        return [16] if cpu.has("neon") else []
+    widths = []
+    if cpu.has("avx512f"):
+        widths.append(64)
+    if cpu.has("avx2") and cpu.has("fma"):
+        widths.append(32)
+    return widths or [16]  # SSE2 is part of x86-64
+
+
+def _registers(vec_bytes: int, cpu: CpuInfo) -> int:
+    return 32 if vec_bytes == 64 or cpu.arch in ("aarch64", "arm64") else 16
+
+
+def register_tiles(vec_bytes: int, cpu: CpuInfo) -> list[tuple[int, int]]:
+    """(MR, NV) register tiles that fit the register file (MR*NV accumulators + NV B vectors + 1 A),
+    best first by the ratio of FMAs to loads."""
+    if _registers(vec_bytes, cpu) == 32:
+        return [(14, 2), (8, 3), (6, 4), (12, 2), (4, 4), (28, 1)]
+    return [(6, 2), (4, 3), (3, 4), (8, 1), (12, 1)]
+
+
+def max_threads() -> int:
+    """Threads a kernel may use: the `kernel_threads` setting, else every core this process may use."""
+    configured = int(config.get("kernel_threads"))
+    if configured:
+        return configured
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def describe(config_: dict[str, Any]) -> str:
+    """The AUTOTUNE table's info column: the tunables, compactly."""
+    isa = {64: "avx512", 32: "avx2", 16: "sse/neon"}.get(config_["VEC_BYTES"], str(config_["VEC_BYTES"]))
+    packs = "AB" if config_["PACK_A"] and config_["PACK_B"] else "A" if config_["PACK_A"] else \
+        "B" if config_["PACK_B"] else "-"
+    return (f"{isa} {config_['MR']}x{config_['NV']}v pack={packs} u{config_['UNROLL']} {config_['LOOP']} "
+            f"MC={config_['MC']} KC={config_['KC']} NC={config_['NC']} t={config_['threads']}"
+            f"{'/cols' if config_['par'] else ''}")
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return max(multiple, (x + multiple - 1) // multiple * multiple)
+
+
+def blocking(p: Problem, vec_bytes: int, mr: int, nv: int, cpu: CpuInfo, kc_scale: float = 1.0,
+             threads: int = 1) -> dict[str, int]:
+    """Cache blocking from the cache sizes: a KC-deep A and B sliver pair fills about half of L1, an
+    MC x KC block of A about half of L2, a KC x NC panel of B a quarter of L3; with several threads
+    splitting M, at least one MC block per thread."""
+    s = p.itemsize
+    nr = nv * vec_bytes // s
+    l1 = cpu.cache_bytes.get("L1d", 32 * 1024)
+    l2 = cpu.cache_bytes.get("L2", 512 * 1024)
+    l3 = cpu.cache_bytes.get("L3", 8 * 2**20)
+    kc = int(l1 * 0.5 * kc_scale / ((mr + nr) * s)) // 8 * 8
+    kc = max(32, min(kc, 1024, _round_up(p.k, 8)))
+    mc = max(mr, min(int(l2 * 0.5 / (kc * s)) // mr * mr, _round_up(-(-p.m // threads), mr)))
+    nc = max(nr, min(int(l3 * 0.25 / (kc * s)) // nr * nr, _round_up(p.n, nr)))
+    return {"MC": mc, "KC": kc, "NC": nc}
+
+
+def _config(p: Problem, vec: int, mr: int, nv: int, *, pack_a: int, pack_b: int, threads: int, par: int,
+            cpu: CpuInfo, unroll: int = 4, loop: str = "jr_ir", kc_scale: float = 1.0) -> dict[str, Any]:
+    return {"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MR": mr, "NV": nv, "PACK_A": pack_a, "PACK_B": pack_b,
+            "UNROLL": unroll, "LOOP": loop, "NAME": "tuneforge_gemm",
+            **blocking(p, vec, mr, nv, cpu, kc_scale, threads if par == 0 else 1), "threads": threads, "par": par}
+
+
+def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> list[dict[str, Any]]:
+    """About a dozen configurations picked by heuristics; at most 4 distinct compiled kernels."""
+    cpu = cpu or cpu_info()
+    widest = vector_widths(cpu)[0]
+    team = threads or max_threads()
+    tiles = register_tiles(widest, cpu)
+    small = p.flops <= 2 * 160**3
+    skinny_m = p.m < 4 * tiles[0][0]
+    # Packing pays off when a block is reused: skip it where A (or B) is read about once anyway.
+    packs = [(1, 1)] if not (small or skinny_m or min(p.n, p.k) <= 64) else [(1, 1), (0, 0), (1, 0)]
+    thread_options = [1] if small or team == 1 else sorted({1, team}, reverse=True)
+    chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:3]
+    if skinny_m:  # a tall register tile would mostly multiply zero padding
+        chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
+    configs = []
+    for (mr, nv), (pa, pb), t in itertools.product(chosen_tiles, packs, thread_options):
+        par = 1 if t > 1 and p.m < t * 4 * mr else 0  # too few rows to share: split the columns
+        configs.append(_config(p, widest, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu))
+    # Second opinions on blocking and on the parallel loop for the first tile.
+    mr, nv = chosen_tiles[0]
+    configs.append(_config(p, widest, mr, nv, pack_a=packs[0][0], pack_b=packs[0][1], threads=thread_options[0],
+                           par=0, cpu=cpu, kc_scale=2.0))
+    if team > 1 and not small:
+        other = 0 if p.m < team * 4 * mr else 1
+        configs.append(_config(p, widest, mr, nv, pack_a=1, pack_b=1, threads=team, par=1 - other, cpu=cpu))
+    unique = {tuple(sorted(c.items())): c for c in configs}
+    return list(unique.values())[:20]
+
+
+def exhaustive_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> Iterator[dict[str, Any]]:
+    """Every vector width the CPU runs, every register tile, packing, unrolling, loop order, two
+    blockings, and 1..threads threads with both parallel loops."""
+    cpu = cpu or cpu_info()
+    team = threads or max_threads()
+    seen = set()
+    for vec in vector_widths(cpu):
+        for (mr, nv), (pa, pb), unroll, loop, scale, t in itertools.product(
+                register_tiles(vec, cpu), [(1, 1), (1, 0), (0, 1), (0, 0)], (1, 4, 8), ("jr_ir", "ir_jr"),
+                (0.5, 1.0, 2.0), sorted({1, team})):
+            for par in ((0, 1) if t > 1 else (0,)):
+                config = _config(p, vec, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu, unroll=unroll,
+                                 loop=loop, kc_scale=scale)
+                marker = tuple(sorted(config.items()))
+                if marker not in seen:
+                    seen.add(marker)
+                    yield config
+
+
+def kernel_count(configs: list[dict[str, Any]]) -> int:
+    """How many distinct compiled kernels a list of configurations needs."""
+    return len({tuple(c[k] for k in COMPILE_PARAMS) for c in configs})

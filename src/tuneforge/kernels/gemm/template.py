@@ -1,0 +1,43 @@
+"""The GEMM kernel template and how a configuration calls it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuneforge.kernels.gemm.space import describe
+from tuneforge.tune.template import KernelTemplate
+
+# Parameters that are run-time arguments of the compiled kernel: configurations that differ only
+# in them share one artifact.
+RUNTIME_PARAMS = ("MC", "KC", "NC", "threads", "par")
+
+SIGNATURE = ("void tuneforge_gemm(int64_t M, int64_t N, int64_t K, int64_t rsa, int64_t csa, int64_t rsb, "
+             "int64_t csb, int64_t rsc, int64_t csc, int64_t MC, int64_t KC, int64_t NC, int64_t threads, "
+             "int64_t par, double alpha, double beta, const {{ T }}* a, const {{ T }}* b, {{ T }}* c, "
+             "const {{ T }}* bias)")
+
+
+def element_strides(arr: Any) -> tuple[int, int]:
+    item = arr.itemsize
+    return arr.strides[0] // item, arr.strides[1] // item
+
+
+def static_args(a: Any, b: Any, out: Any, config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The leading arguments of a kernel call: sizes, element strides and the run-time parameters."""
+    (m, k), n = a.shape, b.shape[1]
+    return (m, n, k, *element_strides(a), *element_strides(b), *element_strides(out),
+            config["MC"], config["KC"], config["NC"], config["threads"], config["par"])
+
+
+def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
+    """Call a compiled configuration with select()'s arguments: a, b, alpha, beta, bias, out."""
+    a, b, alpha, beta, bias, out = args
+    kernel(*static_args(a, b, out, config), float(alpha), float(beta), a, b, out, bias)
+
+
+TEMPLATE = KernelTemplate("tuneforge_gemm", (Path(__file__).parent / "kernel.cpp.j2").read_text(),
+                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                          runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast",), openmp=True,
+                          describe=describe)

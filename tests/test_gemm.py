@@ -1,0 +1,186 @@
+"""The GEMM family: every default-space configuration is correct; the op tunes, caches and dispatches."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tuneforge
+from tuneforge import config
+from tuneforge.compile.pool import default_pool
+from tuneforge.cpuinfo import cpu_info
+from tuneforge.kernels.gemm import Problem, clear_dispatch, default_space, exhaustive_space, vector_widths
+from tuneforge.kernels.gemm.template import TEMPLATE, launch
+from tuneforge.tune.select import clear_memo
+
+from .conftest import run_python
+
+
+@pytest.fixture(scope="module")
+def kernels_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache for the configuration checks of this module, so each kernel compiles once."""
+    root = tmp_path_factory.mktemp("gemm-kernels")
+    with config.patch(cache_dir=root):
+        yield root
+
+
+@pytest.fixture
+def tuning(cache_dir: Path) -> Iterator[Path]:
+    clear_memo()
+    clear_dispatch()
+    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
+        yield cache_dir
+    clear_dispatch()
+
+
+def operands(m: int, n: int, k: int, dtype: str, layout: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if layout == "transposed":  # column-major A and B: unit row stride
+        return (rng.standard_normal((k, m)).astype(dtype).T, rng.standard_normal((n, k)).astype(dtype).T)
+    if layout == "offset":  # views into larger buffers: non-zero offsets and padded row strides
+        big_a = rng.standard_normal((m + 3, k + 5)).astype(dtype)
+        big_b = rng.standard_normal((k + 2, n + 7)).astype(dtype)
+        return big_a[3:, 5:], big_b[1:-1, 4:-3]
+    return rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+
+
+def expected(a: np.ndarray, b: np.ndarray, alpha: float, beta: float, c0: np.ndarray, bias: Any) -> np.ndarray:
+    result = alpha * (a.astype(np.float64) @ b.astype(np.float64)) + beta * c0.astype(np.float64)
+    return result + (bias.astype(np.float64) if bias is not None else 0.0)
+
+
+def check_all_configs(m: int, n: int, k: int, dtype: str, layout: str, alpha: float = 1.0, beta: float = 0.0,
+                      with_bias: bool = False) -> int:
+    a, b = operands(m, n, k, dtype, layout)
+    rng = np.random.default_rng(1)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype) if with_bias else None
+    want = expected(a, b, alpha, beta, c0, bias)
+    tol = 2e-4 if dtype == "float32" else 1e-10
+    scale = max(1.0, float(np.abs(want).max()))
+    choices = TEMPLATE.choices(default_space(Problem(m, n, k, dtype)))
+    pool = default_pool()
+    pool.wait([choice.build(pool) for choice in choices])  # compile in parallel; shared kernels build once
+    for choice in choices:
+        out = c0.copy()
+        launch(choice.kernel(), [a, b, alpha, beta, bias, out], choice.config)
+        err = float(np.abs(out - want).max()) / scale
+        assert err < tol, f"{choice.info}: relative error {err} for {m}x{n}x{k} {dtype} {layout}"
+    return len(choices)
+
+
+ODD = [(1, 1, 1), (7, 33, 127), (127, 7, 33), (33, 127, 1000), (1000, 1, 7), (1, 1000, 33), (127, 1000, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", ODD, ids=["x".join(map(str, s)) for s in ODD])
+def test_every_default_config_matches_numpy_on_odd_shapes(kernels_dir: Path, shape: tuple[int, int, int],
+                                                          dtype: str) -> None:
+    assert check_all_configs(*shape, dtype, "contiguous") >= 3
+
+
+@pytest.mark.parametrize("layout", ["transposed", "offset"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_default_config_on_transposed_and_offset_inputs(kernels_dir: Path, layout: str, dtype: str) -> None:
+    check_all_configs(33, 127, 7, dtype, layout)
+    check_all_configs(127, 33, 100, dtype, layout)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_default_config_with_alpha_beta_bias(kernels_dir: Path, dtype: str) -> None:
+    check_all_configs(33, 127, 65, dtype, "contiguous", alpha=0.5, beta=-2.0, with_bias=True)
+    check_all_configs(7, 1000, 33, dtype, "offset", alpha=2.0, beta=1.0)
+    check_all_configs(127, 7, 1, dtype, "transposed", alpha=1.0, beta=0.0, with_bias=True)
+
+
+def test_beta_zero_ignores_nan_in_out(kernels_dir: Path) -> None:
+    a, b = operands(20, 30, 40, "float32", "contiguous")
+    choices = TEMPLATE.choices(default_space(Problem(20, 30, 40, "float32")))
+    pool = default_pool()
+    pool.wait([choice.build(pool) for choice in choices])
+    for choice in choices:
+        out = np.full((20, 30), np.nan, dtype=np.float32)
+        launch(choice.kernel(), [a, b, 1.0, 0.0, None, out], choice.config)
+        assert np.isfinite(out).all(), choice.info
+
+
+def test_gemm_op_tunes_then_dispatches(tuning: Path) -> None:
+    a, b = operands(64, 48, 32, "float32", "contiguous")
+    out = tuneforge.gemm(a, b)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    bias = np.arange(48, dtype=np.float32)
+    c = np.ones((64, 48), dtype=np.float32)
+    tuneforge.gemm(a, b, c, alpha=2.0, beta=3.0, bias=bias)
+    np.testing.assert_allclose(c, 2 * (a @ b) + 3 + bias, rtol=1e-4, atol=1e-3)
+    from tuneforge.store.default import default_records
+
+    ops = {r.op for r in default_records().records()}
+    assert ops == {"gemm", "gemm_beta_bias"}
+    at = np.asfortranarray(a)
+    np.testing.assert_allclose(tuneforge.gemm(at, b), a @ b, rtol=1e-4, atol=1e-4)  # another layout: re-tuned
+    assert len({r.key for r in default_records().records() if r.op == "gemm"}) == 2
+
+
+def test_gemm_rejects_bad_input(tuning: Path) -> None:
+    a = np.ones((3, 4), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"A\[M,K\] and B\[K,N\]"):
+        tuneforge.gemm(a, np.ones((5, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        tuneforge.gemm(a.astype(np.int32), np.ones((4, 2), dtype=np.int32))
+    with pytest.raises(ValueError, match="bias must be"):
+        tuneforge.gemm(a, np.ones((4, 2), dtype=np.float32), bias=np.ones(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="beta != 0 needs an out"):
+        tuneforge.gemm(a, np.ones((4, 2), dtype=np.float32), beta=1.0)
+
+
+def test_negative_strides_are_copied(tuning: Path) -> None:
+    a, b = operands(16, 24, 8, "float64", "contiguous")
+    np.testing.assert_allclose(tuneforge.gemm(a[::-1], b[:, ::-1]), a[::-1] @ b[:, ::-1], rtol=1e-12)
+
+
+def test_fresh_process_uses_caches_without_building_or_benchmarking(tuning: Path, wrapper_compiler: Path) -> None:
+    code = """
+        import json, numpy as np
+        import tuneforge
+        from tuneforge import config
+        from tuneforge.store.default import default_records, default_store
+        a = np.ones((96, 80), dtype=np.float32); b = np.ones((80, 72), dtype=np.float32)
+        with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_log={log!r}):
+            c = tuneforge.gemm(a, b)
+        print(json.dumps([float(c[0, 0]), default_store().stats().puts, default_records().count()]))
+    """.format(log=str(tuning / "log.jsonl"))
+    env = {"TUNEFORGE_CPP_CXX": str(wrapper_compiler)}
+    first = json.loads(run_python(code, env=env).stdout)
+    second = json.loads(run_python(code, env={**env, "TUNEFORGE_TEST_FORBID_COMPILE": "1"}).stdout)
+    assert first[0] == second[0] == 80.0
+    assert second[1] == first[1] and second[2] == first[2]  # nothing built, nothing measured
+    sources = [json.loads(line)["source"] for line in (tuning / "log.jsonl").read_text().splitlines()]
+    assert sources == ["tuned", "records"]
+
+
+def test_wide_vector_paths_only_on_cpus_that_have_them() -> None:
+    real = cpu_info()
+    avx2_only = dataclasses.replace(real, arch="x86_64", isa=("avx", "avx2", "f16c", "fma", "sse4_2"))
+    avx512 = dataclasses.replace(avx2_only, isa=(*avx2_only.isa, "avx512f"))
+    arm = dataclasses.replace(real, arch="aarch64", isa=("neon",))
+    problem = Problem(512, 512, 512, "float32")
+    assert vector_widths(avx2_only) == [32] and vector_widths(avx512) == [64, 32] and vector_widths(arm) == [16]
+    for cpu, allowed in ((avx2_only, {32}), (avx512, {64, 32}), (arm, {16})):
+        assert {c["VEC_BYTES"] for c in default_space(problem, cpu)} <= allowed
+        assert {c["VEC_BYTES"] for c in exhaustive_space(problem, cpu)} <= allowed
+    assert {c["VEC_BYTES"] for c in default_space(problem, avx512)} == {64}
+
+
+def test_default_space_size_and_kernel_count() -> None:
+    from tuneforge.kernels.gemm.space import kernel_count
+
+    for shape in [(64, 64, 64), (512, 512, 512), (32, 4096, 4096), (4096, 32, 4096), (4096, 4096, 32),
+                  (1, 4096, 4096)]:
+        configs = default_space(Problem(*shape, "float32"))
+        assert 3 <= len(configs) <= 20 and kernel_count(configs) <= 6, shape
