@@ -146,3 +146,19 @@ def test_timing_stat_json_and_quantiles() -> None:
     assert Timing.from_json(data) == timing
     single = Timing.from_samples([2.5], "x")
     assert single.p20_ms == single.p80_ms == single.median_ms == 2.5
+
+
+def test_abandons_a_choice_slower_than_the_threshold() -> None:
+    from tuneforge.tune.bench import benchmark_cpu
+
+    calls = []
+
+    def slow() -> None:
+        calls.append(1)
+        time.sleep(0.003)
+
+    timing = benchmark_cpu(slow, warmup_s=0.0, budget_s=1.0, min_repeats=10, max_repeats=100, abandon_ms=1.0,
+                           warmed=True)
+    assert timing.count == 2 and timing.method.endswith("+abandoned") and len(calls) == 2
+    kept = benchmark_cpu(slow, warmup_s=0.0, budget_s=0.02, min_repeats=3, max_repeats=100, abandon_ms=50.0)
+    assert kept.count >= 3 and "abandoned" not in kept.method

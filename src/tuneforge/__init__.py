@@ -56,7 +56,10 @@ _LAZY_NAMES = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
-        return importlib.import_module(f"tuneforge.{name}")
-    if name in _LAZY_NAMES:
-        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
-    raise AttributeError(f"module 'tuneforge' has no attribute {name!r}")
+        value = importlib.import_module(f"tuneforge.{name}")
+    elif name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'tuneforge' has no attribute {name!r}")
+    globals()[name] = value  # later lookups are plain attribute reads (tuneforge.gemm is on hot paths)
+    return value

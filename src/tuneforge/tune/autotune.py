@@ -143,6 +143,10 @@ class _BoundChoice(Choice):
     def params(self) -> dict[str, Any]:
         return self.inner.params
 
+    @property
+    def family(self) -> str:
+        return self.inner.family
+
     def run(self, args: Sequence[Any]) -> Any:
         return self._call(args)
 

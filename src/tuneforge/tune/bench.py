@@ -72,12 +72,16 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
                   warmup_s: float | None = None, budget_s: float | None = None, min_repeats: int | None = None,
-                  max_repeats: int | None = None, flush_cache: bool | None = None) -> Timing:
+                  max_repeats: int | None = None, flush_cache: bool | None = None, warmed: bool = False,
+                  abandon_ms: float | None = None) -> Timing:
     """Time ``fn()`` with wall-clock `time.perf_counter_ns`.
 
-    Warm-up: untimed ``setup(); fn()`` runs, at least one, until `warmup_s` has passed. Timed runs stop
-    once at least `min_repeats` were done and the timed phase (runs, setups and flushes) has lasted
-    `budget_s`, or at `max_repeats` runs. The garbage collector is paused during the timed runs.
+    Warm-up: untimed ``setup(); fn()`` runs, at least one, until `warmup_s` has passed (none when the
+    caller has just run `fn`, e.g. to verify it: `warmed`). Timed runs stop once at least `min_repeats` were
+    done and the timed phase (runs, setups and flushes) has lasted `budget_s`, or at `max_repeats`
+    runs. With `abandon_ms`, a choice whose first two timed runs both exceed it stops there (method
+    ``+abandoned``): it cannot win, and timing it fully would dominate tuning time for large shapes.
+    The garbage collector is paused during the timed runs.
     """
     warmup_s = config.get("autotune.warmup_s") if warmup_s is None else warmup_s
     budget_s = config.get("autotune.bench_time_s") if budget_s is None else budget_s
@@ -89,7 +93,7 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     min_repeats = min(min_repeats, max_repeats)
 
     warmup_end = time.perf_counter() + warmup_s
-    while True:
+    while not warmed:
         if setup is not None:
             setup()
         fn()
@@ -98,6 +102,7 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
 
     budget_ns = budget_s * 1e9
     samples_ns: list[int] = []
+    abandoned = False
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -113,12 +118,15 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
             samples_ns.append(t1 - t0)
             if len(samples_ns) >= max_repeats:
                 break
+            if abandon_ms is not None and len(samples_ns) == 2 and min(samples_ns) > abandon_ms * 1e6:
+                abandoned = True
+                break
             if len(samples_ns) >= min_repeats and t1 - start_ns >= budget_ns:
                 break
     finally:
         if gc_was_enabled:
             gc.enable()
-    method = "cpu-perf_counter+flush" if flush_cache else "cpu-perf_counter"
+    method = "cpu-perf_counter" + ("+flush" if flush_cache else "") + ("+abandoned" if abandoned else "")
     return Timing.from_samples([ns / 1e6 for ns in samples_ns], method)
 
 

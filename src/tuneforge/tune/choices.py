@@ -73,6 +73,12 @@ class Choice(ABC):
     def info(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.params.items())
 
+    @property
+    def family(self) -> str:
+        """What kind of code runs (a library function, a template): choices of one family differ only
+        in parameters, which is how a decision for one shape is mapped onto another shape's choices."""
+        return f"{type(self).__name__}:{self.name}"
+
     def build(self, builder: Builder | None = None) -> Future[Any]:
         """Prepare the choice to run (compile it); the future fails with the build error."""
         return _completed()
@@ -161,6 +167,10 @@ class CallableChoice(Choice):
     @property
     def params(self) -> dict[str, Any]:
         return dict(self.config)
+
+    @property
+    def family(self) -> str:
+        return f"callable:{getattr(self.fn, '__module__', '')}.{getattr(self.fn, '__qualname__', '')}"
 
     def run(self, args: Sequence[Any]) -> Any:
         return self.fn(*args, **self.config)

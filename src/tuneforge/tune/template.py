@@ -140,6 +140,10 @@ class TemplateChoice(Choice):
         return dict(self.config)
 
     @property
+    def family(self) -> str:
+        return f"template:{self.template.name}"
+
+    @property
     def info(self) -> str:
         if self.template.describe is not None:
             return self.template.describe(self.config)

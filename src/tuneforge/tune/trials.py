@@ -69,15 +69,25 @@ def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v) for k, v in params.items()}
 
 
+def args_signature(job: TrialJob) -> list[list[Any]]:
+    """Each argument as [dtype, sizes] (scalars as ["scalar:<type>", []]): what "nearest shape" compares."""
+    specs = [*job.arg_specs, *([job.out_spec] if job.out_spec is not None else [])]
+    return [[s.dtype, list(s.sizes)] if isinstance(s, TensorSpec) else [f"scalar:{type(s).__name__}", []]
+            for s in specs]
+
+
 def make_record(job: TrialJob, choice: Choice, status: str, *, timing: Timing | None = None, error: str = "",
                 info: Mapping[str, Any] | None = None) -> Record:
     stats: dict[str, Any] = {}
     if timing is not None:
         stats = {"median_ms": timing.median_ms, "min_ms": timing.min_ms, "mean_ms": timing.mean_ms,
                  "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "count": timing.count, "method": timing.method}
+    extra: dict[str, Any] = {"family": choice.family}
+    if job.live_args is None:
+        extra["args"] = args_signature(job)
     return Record(key=job.key, choice=choice.hash_key, op=job.name, choice_name=choice.name, status=status,
                   error=error[:20000], params=_jsonable(choice.params), inputs=job.inputs_text,
-                  system=system_fingerprint()["hash"], info=dict(info or {}), **stats)
+                  system=system_fingerprint()["hash"], info={**extra, **(info or {})}, **stats)
 
 
 class Trials:
@@ -94,6 +104,7 @@ class Trials:
         self.expected: list[Any] | None = None
         self.reference_error: str | None = None
         self.verify_s = self.bench_s = 0.0
+        self.best_ms: float | None = None  # fastest median so far: slower choices may be abandoned early
         if reference is not None and config.get("autotune.verify"):
             try:
                 reference.run(args)
@@ -139,12 +150,16 @@ class Trials:
         def setup() -> None:
             verify.restore(args, self.initial, restore)
 
+        ratio = float(config.get("autotune.abandon_ratio"))
+        abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
         try:
-            timing = benchmark_cpu(lambda: choice.run(args), setup=setup)
+            timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon)
         except Exception as exc:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
             self.bench_s += time.perf_counter() - timed
+        if self.best_ms is None or timing.median_ms < self.best_ms:
+            self.best_ms = timing.median_ms
         return make_record(self.job, choice, "ok", timing=timing, info=info)
 
     def finish(self) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space
-from tuneforge.kernels.gemm.template import TEMPLATE, static_args
+from tuneforge.cpuinfo import cpu_info
+from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
+from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, static_args
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.select import select
 from tuneforge.tune.template import TemplateChoice
@@ -44,13 +45,12 @@ def op_name(beta: float, bias: Any) -> str:
 def choices(problem: Problem, space: str = "default") -> list[Choice]:
     if problem.dtype not in C_TYPES:
         raise ValueError(f"gemm supports float32 and float64, not {problem.dtype}")
-    if space == "default":
-        configs = default_space(problem)
-    elif space == "exhaustive":
-        configs = list(exhaustive_space(problem))
-    else:
+    if space not in ("default", "exhaustive"):
         raise ValueError(f"space must be 'default' or 'exhaustive', not {space!r}")
-    return [ExternChoice(numpy_gemm, name="numpy_matmul"), *TEMPLATE.choices(configs)]
+    exhaustive = space == "exhaustive"
+    configs = list(exhaustive_space(problem)) if exhaustive else default_space(problem)
+    few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
+    return [ExternChoice(numpy_gemm, name="numpy_matmul"), *TEMPLATE.choices(configs), *SMALL_M.choices(few_rows)]
 
 
 def _check(a: Any, b: Any, out: Any, bias: Any) -> None:
@@ -73,7 +73,7 @@ def _usable(arr: Any) -> Any:
     return np.ascontiguousarray(arr)
 
 
-Call = Callable[[Any, Any, float, float, Any, Any], None]
+Call = Callable[[float, float, Any, Any, Any, Any], None]  # (alpha, beta, a, b, out, bias)
 _dispatch: dict[tuple[Any, ...], Call] = {}
 _lock = threading.Lock()
 
@@ -82,15 +82,9 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Call:
     """A call with everything fixed by the layout already bound (sizes, strides, blocking)."""
     if isinstance(choice, TemplateChoice):
         choice.build().result()
-        kernel = choice.kernel()
-        head = static_args(a, b, out, choice.config)
-        bound = functools.partial(kernel, *head)
-
-        def call(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
-            bound(float(alpha), float(beta), a, b, out, bias)
-
-        return call
-    return lambda a, b, alpha, beta, bias, out: choice.run([a, b, alpha, beta, bias, out])
+        # The kernel's own argument order ends with (alpha, beta, a, b, c, bias): bind the rest once.
+        return functools.partial(choice.kernel(), *static_args(a, b, out, choice.config))
+    return lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out])
 
 
 def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
@@ -104,13 +98,13 @@ def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0
         if beta != 0:
             raise ValueError("beta != 0 needs an out array to accumulate into")
         out = np.empty((a.shape[0], b.shape[1]) if a.ndim == 2 and b.ndim == 2 else (0, 0), dtype=a.dtype)
-    key = (a.shape, a.strides, b.shape, b.strides, out.strides, a.dtype.char, b.dtype.char, out.dtype.char,
-           beta != 0, bias is None, space)
+    key = (a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype, out.dtype, beta != 0,
+           bias is None, space)
     call = _dispatch.get(key)
     if call is None:
         _check(a, b, out, bias)
         call = _tune(key, a, b, out, beta, bias, space)
-    call(a, b, alpha, beta, bias, out)
+    call(alpha, beta, a, b, out, bias)
     return out
 
 
@@ -132,9 +126,9 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
 
 
 def _with_copies(inner: Call) -> Call:
-    def call(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
+    def call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
         target = out if _usable(out) is out else np.array(out, order="C")
-        inner(_usable(a), _usable(b), alpha, beta, bias, target)
+        inner(alpha, beta, _usable(a), _usable(b), target, bias)
         if target is not out:
             out[...] = target
 

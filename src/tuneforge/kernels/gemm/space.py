@@ -74,6 +74,9 @@ def max_threads() -> int:
 def describe(config_: dict[str, Any]) -> str:
     """The AUTOTUNE table's info column: the tunables, compactly."""
     isa = {64: "avx512", 32: "avx2", 16: "sse/neon"}.get(config_["VEC_BYTES"], str(config_["VEC_BYTES"]))
+    if "MMAX" in config_:
+        return (f"{isa} rows<={config_['MMAX']} stream B x{config_['KU']} prefetch={config_['PF']} "
+                f"NB={config_['NC']} t={config_['threads']}")
     packs = "AB" if config_["PACK_A"] and config_["PACK_B"] else "A" if config_["PACK_A"] else \
         "B" if config_["PACK_B"] else "-"
     return (f"{isa} {config_['MR']}x{config_['NV']}v pack={packs} u{config_['UNROLL']} {config_['LOOP']} "
@@ -119,7 +122,7 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     skinny_m = p.m < 4 * tiles[0][0]
     # Packing pays off when a block is reused: skip it where A (or B) is read about once anyway.
     packs = [(1, 1)] if not (small or skinny_m or min(p.n, p.k) <= 64) else [(1, 1), (0, 0), (1, 0)]
-    thread_options = [1] if small or team == 1 else sorted({1, team}, reverse=True)
+    thread_options = [1] if p.flops <= 2 * 96**3 or team == 1 else sorted({1, team}, reverse=True)
     chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:3]
     if skinny_m:  # a tall register tile would mostly multiply zero padding
         chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
@@ -127,15 +130,38 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     for (mr, nv), (pa, pb), t in itertools.product(chosen_tiles, packs, thread_options):
         par = 1 if t > 1 and p.m < t * 4 * mr else 0  # too few rows to share: split the columns
         configs.append(_config(p, widest, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu))
-    # Second opinions on blocking and on the parallel loop for the first tile.
+    # Second opinions on blocking (a deeper KC halves the passes over C) and on the parallel loop.
     mr, nv = chosen_tiles[0]
-    configs.append(_config(p, widest, mr, nv, pack_a=packs[0][0], pack_b=packs[0][1], threads=thread_options[0],
-                           par=0, cpu=cpu, kc_scale=2.0))
+    for t in thread_options:
+        configs.append(_config(p, widest, mr, nv, pack_a=packs[0][0], pack_b=packs[0][1], threads=t,
+                               par=1 if t > 1 and p.m < t * 4 * mr else 0, cpu=cpu, kc_scale=2.0))
     if team > 1 and not small:
         other = 0 if p.m < team * 4 * mr else 1
         configs.append(_config(p, widest, mr, nv, pack_a=1, pack_b=1, threads=team, par=1 - other, cpu=cpu))
     unique = {tuple(sorted(c.items())): c for c in configs}
     return list(unique.values())[:20]
+
+
+SMALL_M_ROWS = (1, 2, 4, 8)
+
+
+def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False) -> list[dict[str, Any]]:
+    """Configurations of the few-rows kernel (only for M <= 8): it reads B once, contiguously."""
+    if p.m > SMALL_M_ROWS[-1]:
+        return []
+    rows = next(r for r in SMALL_M_ROWS if r >= p.m)
+    l2 = cpu.cache_bytes.get("L2", 512 * 1024)
+    configs = []
+    widths = vector_widths(cpu) if exhaustive else vector_widths(cpu)[:1]
+    blocks = {max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize)))), _round_up(-(-p.n // team), 64)}
+    # (rows of B streamed at once, software prefetch distance in bytes): measured best on a Zen 5 were
+    # 8 rows with 1 KiB prefetch for float32 and 4-8 rows for float64; hardware differs, so a few.
+    streams = [(8, 1024), (4, 256), (8, 0)] if not exhaustive else list(itertools.product((2, 4, 8, 16),
+                                                                                           (0, 256, 1024, 4096)))
+    for vec, (ku, pf), nb, t in itertools.product(widths, streams, sorted(blocks), sorted({1, team})):
+        configs.append({"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MMAX": rows, "KU": ku, "PF": pf,
+                        "NAME": "tuneforge_gemm", "MC": 0, "KC": 0, "NC": nb, "threads": t, "par": 0})
+    return configs
 
 
 def exhaustive_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> Iterator[dict[str, Any]]:

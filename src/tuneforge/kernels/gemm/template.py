@@ -37,7 +37,15 @@ def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
     kernel(*static_args(a, b, out, config), float(alpha), float(beta), a, b, out, bias)
 
 
-TEMPLATE = KernelTemplate("tuneforge_gemm", (Path(__file__).parent / "kernel.cpp.j2").read_text(),
+_HERE = Path(__file__).parent
+
+TEMPLATE = KernelTemplate("tuneforge_gemm", (_HERE / "kernel.cpp.j2").read_text(),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
                           runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast",), openmp=True,
                           describe=describe)
+
+# Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
+SMALL_M = KernelTemplate("tuneforge_gemm_small_m", (_HERE / "small_m.cpp.j2").read_text(),
+                         signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                         runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast",), openmp=True,
+                         describe=describe)

@@ -1,0 +1,117 @@
+"""Shipped bundles of tuning records, consulted read-only after the local and remote tiers.
+
+A package tunes its kernels once, exports a bundle (``tuneforge records export``), ships the file and
+registers it (`load_bundle` or the ``bundles`` setting). A selection whose key a bundle holds uses
+those records without benchmarking. A key no bundle holds may be answered by the nearest tuned
+shape of the same op and argument types (setting ``bundles_nearest``), which also lets a bundle
+tuned on another machine (whose keys carry another system fingerprint) answer approximately.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuneforge import config
+from tuneforge.store.bundle import Record, check_bundle, read_bundle
+
+log = logging.getLogger("tuneforge.store")
+
+
+@dataclass(frozen=True)
+class Nearest:
+    """The records of the closest tuned shape, and how far it is (sum of |log2| size differences)."""
+
+    key: str
+    records: list[Record]
+    distance: float
+    inputs: str
+
+
+def _distance(ours: Sequence[Any], theirs: Sequence[Any]) -> float | None:
+    """None when the argument lists are not comparable (count, dtypes, ranks, scalar types)."""
+    if len(ours) != len(theirs):
+        return None
+    total = 0.0
+    for a, b in zip(ours, theirs, strict=True):
+        if a[0] != b[0] or len(a[1]) != len(b[1]):
+            return None
+        total += sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a[1], b[1], strict=True))
+    return total
+
+
+class BundleSet:
+    """Every registered bundle, indexed by selection key and by op."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, list[Record]] = {}
+        self._by_op: dict[str, set[str]] = {}
+        self._paths: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, path: str | os.PathLike[str]) -> int:
+        """Register a bundle file (read once, validated); returns how many records it holds."""
+        resolved = str(Path(path).resolve())
+        with self._lock:
+            if resolved in self._paths:
+                return 0
+            records = check_bundle(read_bundle(resolved), resolved)
+            for record in records:
+                self._by_key.setdefault(record.key, []).append(record)
+                self._by_op.setdefault(record.op, set()).add(record.key)
+            self._paths.add(resolved)
+        log.debug("loaded %d tuning records from bundle %s", len(records), resolved)
+        return len(records)
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted(self._paths)
+
+    def get(self, key: str) -> list[Record]:
+        return list(self._by_key.get(key, ()))
+
+    def nearest(self, op: str, args: Sequence[Any], system: str) -> Nearest | None:
+        """The closest key of `op` with comparable arguments and an ok record; same-system first."""
+        best: tuple[float, bool, str] | None = None
+        for key in self._by_op.get(op, ()):
+            records = self._by_key[key]
+            ok = [r for r in records if r.status == "ok"]
+            shape = ok[0].info.get("args") if ok else None
+            if shape is None:
+                continue
+            distance = _distance(args, shape)
+            if distance is None:
+                continue
+            rank = (distance, ok[0].system != system, key)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            return None
+        records = self._by_key[best[2]]
+        return Nearest(best[2], list(records), best[0], records[0].inputs)
+
+
+_bundles = BundleSet()
+_loaded_settings: tuple[Path, ...] = ()
+
+
+def bundles() -> BundleSet:
+    """The process's bundles: those named by the ``bundles`` setting plus those passed to load_bundle."""
+    global _loaded_settings
+    configured = tuple(config.get("bundles"))
+    if configured != _loaded_settings:
+        for path in configured:
+            _bundles.add(path)
+        _loaded_settings = configured
+    return _bundles
+
+
+def load_bundle(path: str | os.PathLike[str]) -> int:
+    """Register a bundle of tuning records (e.g. shipped inside a package); returns its record count."""
+    return bundles().add(path)
