@@ -57,3 +57,6 @@ def wrapper_compiler(tmp_path: Path) -> Path:
         """))
     script.chmod(0o755)
     return script
+
+
+from .redis_server import redis_clean, redis_private, redis_url  # noqa: E402, F401

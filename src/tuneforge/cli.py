@@ -37,16 +37,22 @@ def cache() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def cache_stats(as_json: bool) -> None:
     """Entries, size, hit rate, evictions and corrupt entries (like `ccache -s`)."""
+    from tuneforge.store.tiers import describe_remote, remote_stats_file
+
     store = _store()
     s = store.stats()
+    remote = remote_stats_file().flush()
     lookups = s.hits + s.misses
     hit_rate = s.hits / lookups if lookups else 0.0
+    remote_url = config.get("remote.url")
     if as_json:
         click.echo(json.dumps({"cache_dir": str(store.root), "entries": s.entries, "bytes": s.bytes,
                                "max_bytes": s.max_bytes, "hits": s.hits, "misses": s.misses,
                                "hit_rate": round(hit_rate, 4), "puts": s.puts, "evictions": s.evictions,
-                               "corrupt": s.corrupt}, indent=2))
+                               "corrupt": s.corrupt, "remote_configured": bool(remote_url),
+                               "remote": remote}, indent=2))
         return
+    remote_rows = describe_remote(remote) if remote_url or any(remote.values()) else [("remote cache", "off")]
     print_pairs("tuneforge artifact store", [
         ("cache directory", store.root),
         ("entries", s.entries),
@@ -58,6 +64,7 @@ def cache_stats(as_json: bool) -> None:
         ("puts", s.puts),
         ("evictions", s.evictions),
         ("corrupt entries", s.corrupt),
+        *remote_rows,
     ])
 
 

@@ -33,6 +33,7 @@ from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry
 from tuneforge.store.default import default_store
+from tuneforge.store.tiers import from_remote_or, share_artifact
 
 log = logging.getLogger("tuneforge.compile")
 
@@ -198,7 +199,9 @@ def build(build: CppBuild) -> CppArtifact:
         compiled = True
         return _compile_into(staging, key, build, toolchain)
 
-    entry = store.get_or_build(key, run_compiler, key_inputs=material)
+    entry = store.get_or_build(key, from_remote_or(key, run_compiler), key_inputs=material)
+    if compiled:
+        share_artifact(entry)
     return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from tuneforge.hashing import code_hash
 from tuneforge.store.default import default_store
+from tuneforge.store.tiers import from_remote_or
 
 ARTIFACT_FORMAT = 1
 SOURCE_NAME = "module.py"
@@ -59,7 +60,8 @@ def load(source: str, *, attrs: Mapping[str, Any] | None = None) -> ModuleType:
             (staging / CODE_NAME).write_bytes(_code_for(final_dir, source))
             return {"python": sys.version.split()[0]}
 
-        entry = store.get_or_build(key, write, key_inputs={"artifact": "python", "source_key": key})
+        inputs = {"artifact": "python", "source_key": key}
+        entry = store.get_or_build(key, from_remote_or(key, write), key_inputs=inputs)
         code = marshal.loads(entry.file(CODE_NAME).read_bytes())
         source_path = entry.file(SOURCE_NAME)
         if not isinstance(code, CodeType) or code.co_filename != str(source_path):

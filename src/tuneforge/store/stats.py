@@ -32,10 +32,6 @@ class StoreStats:
     max_bytes: int
 
 
-def _zeros() -> dict[str, int]:
-    return dict.fromkeys(COUNTERS, 0)
-
-
 class StatsFile:
     """Counters accumulated in memory per process and merged into a JSON file under an flock.
 
@@ -44,21 +40,26 @@ class StatsFile:
     counters are kept for the next attempt.
     """
 
-    def __init__(self, path: Path, lock_path: Path, tmp_dir: Path, lock_timeout_s: float) -> None:
+    def __init__(self, path: Path, lock_path: Path, tmp_dir: Path, lock_timeout_s: float,
+                 counters: tuple[str, ...] = COUNTERS) -> None:
+        self.counters = counters
         self.path = path
         self.lock_path = lock_path
         self.tmp_dir = tmp_dir
         self.lock_timeout_s = lock_timeout_s
-        self._pending = _zeros()
+        self._pending = self._zeros()
         self._mutex = threading.Lock()
         self._pid = os.getpid()
         self._last_flush = time.monotonic()
+
+    def _zeros(self) -> dict[str, int]:
+        return dict.fromkeys(self.counters, 0)
 
     def _own_pending(self) -> dict[str, int]:
         # After fork() the child inherits the parent's pending counters; the parent flushes them.
         if os.getpid() != self._pid:
             self._pid = os.getpid()
-            self._pending = _zeros()
+            self._pending = self._zeros()
         return self._pending
 
     def add(self, counter: str, n: int = 1) -> None:
@@ -74,21 +75,21 @@ class StatsFile:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return _zeros()
+            return self._zeros()
         except OSError as exc:
             log.warning("cannot read store statistics %s (%s); treating them as zero", self.path, exc)
-            return _zeros()
+            return self._zeros()
         try:
             data = json.loads(raw)
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
-            values = {name: data.get(name, 0) for name in COUNTERS}
+            values = {name: data.get(name, 0) for name in self.counters}
             if not all(type(v) is int for v in values.values()):
                 raise ValueError("counter is not an integer")
             return values
         except ValueError as exc:
             log.warning("store statistics file %s is corrupt (%s); resetting it to zero", self.path, exc)
-            return _zeros()
+            return self._zeros()
 
     def flush(self, *, set_bytes: int | None = None, reset: bool = False) -> dict[str, int]:
         """Merge this process's pending counters into the file; return the merged totals.
@@ -98,16 +99,16 @@ class StatsFile:
         """
         with self._mutex:
             pending = dict(self._own_pending())
-            self._pending = _zeros()
+            self._pending = self._zeros()
         if not any(pending.values()) and set_bytes is None and not reset:
             self._last_flush = time.monotonic()
             return self.read()
         try:
             with file_lock(self.lock_path, self.lock_timeout_s):
                 totals = self.read()
-                for name in COUNTERS:
+                for name in self.counters:
                     totals[name] = 0 if reset and name != "bytes" else totals[name] + pending[name]
-                if set_bytes is not None:
+                if set_bytes is not None and "bytes" in totals:
                     totals["bytes"] = set_bytes
                 doc = {"format": "tuneforge-store-stats", "version": STATS_VERSION, **totals,
                        "updated": time.time()}
@@ -115,7 +116,7 @@ class StatsFile:
         except (OSError, LockTimeout) as exc:
             log.warning("cannot update store statistics %s (%s); will retry later", self.path, exc)
             with self._mutex:
-                for name in COUNTERS:
+                for name in self.counters:
                     self._own_pending()[name] += pending[name]
             return self.read()
         self._last_flush = time.monotonic()

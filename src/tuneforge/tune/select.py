@@ -17,13 +17,15 @@ from typing import Any
 from tuneforge import config
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.hashing import key_hash, system_fingerprint
+from tuneforge.store import tiers
+from tuneforge.store.bundles import Nearest, bundles
 from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune import report as reporting
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
 from tuneforge.tune.measure import measure
 from tuneforge.tune.specs import TensorSpec, key_of
-from tuneforge.tune.trials import TrialJob
+from tuneforge.tune.trials import TrialJob, args_signature
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -151,25 +153,31 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
         if hit is not None:
             return Selection(hit, key, "memo")
     statistic = str(config.get("autotune.statistic"))
-    db = default_records()
-    candidate_keys = {c.hash_key for c in candidates}
-    records = {} if force else {r.choice: r for r in db.get(key) if r.choice in candidate_keys}
-    missing = [c for c in candidates if c.hash_key not in records]
+    job = workload()  # data only: inputs are generated when (and where) trials run
     report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described, rows=[], winner="",
                                        source="", statistic=statistic)
+    records, source, nearest = ({}, "tuned", None) if force else _lookup(name, key, candidates, job)
+    missing = [c for c in candidates if c.hash_key not in records]
+    measured: set[str] = set()
     benchmarked: list[str] = []
-    if missing and config.get("autotune.cache_only"):
+    if nearest is not None:
+        source = "bundle-nearest"
+        report.extra["nearest"] = {"key": nearest[1].key, "inputs": nearest[1].inputs,
+                                   "distance": round(nearest[1].distance, 3)}
+        log.info("%s(%s): no record; using the decision for the nearest tuned shape %s from a bundle",
+                 name, ", ".join(sizes), nearest[1].inputs)
+    elif missing and config.get("autotune.cache_only"):
         source = "cache_only"
     elif missing:
-        outcome = measure(workload(), missing, reference, on_record=db.put)  # each record kept at once
+        outcome = measure(job, missing, reference, on_record=default_records().put)  # each record kept at once
         records.update({r.choice: r for r in outcome.records})
-        report.isolated = outcome.isolated
+        measured = {c.hash_key for c in missing}
         benchmarked = [c.name for c in missing if records[c.hash_key].status == "ok"]
         report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
+        report.isolated = outcome.isolated
         source = "tuned"
-    else:
-        source = "records"
-    winner = _first_that_builds(_pick(candidates, records, statistic))
+        tiers.share_records(key)
+    winner = nearest[0] if nearest is not None else _first_that_builds(_pick(candidates, records, statistic))
     if winner is None:
         if source != "cache_only":
             reasons = {c.name: f"{records[c.hash_key].status}: {records[c.hash_key].error}".strip()
@@ -177,12 +185,55 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
             raise NoValidChoicesError(f"no valid choice for {name}({', '.join(sizes)}); every candidate failed",
                                       reasons)
         winner, source = _ready(fallback), "fallback"
-    report.rows = _rows(candidates, records, statistic, {c.hash_key for c in missing})
+    report.rows = _rows(candidates, records, statistic, measured)
     report.winner, report.source = winner.name, source
     reporting.emit(report, benchmarked=bool(benchmarked))
     with _memo_lock:
         _memo[memo_key] = winner
     return Selection(winner, key, source, benchmarked, records, report)
+
+
+def _lookup(name: str, key: str, candidates: Sequence[Choice],
+            job: TrialJob) -> tuple[dict[str, Record], str, tuple[Choice, Nearest] | None]:
+    """Records of the candidates from the tiers in order: local database, remote, shipped bundles.
+
+    Returns (records by choice hash, where the last of them came from, a nearest-shape decision).
+    """
+    wanted = {c.hash_key for c in candidates}
+    local = [r for r in default_records().get(key) if r.choice in wanted]
+    records = {r.choice: r for r in local}
+    source = "records"
+    if len(records) < len(wanted):
+        fetched = [r for r in tiers.remote_records(key) if r.choice in wanted]
+        if len(fetched) > len(records):
+            records.update({r.choice: r for r in fetched})
+            source = "remote"
+    if len(records) < len(wanted):
+        shipped = [r for r in bundles().get(key) if r.choice in wanted and r.choice not in records]
+        if shipped:  # read-only: used, not copied into the local database
+            records.update({r.choice: r for r in shipped})
+            source = "bundle"
+    nearest = None
+    if not records and config.get("bundles_nearest"):
+        found = bundles().nearest(name, args_signature(job), system_fingerprint()["hash"])
+        chosen = _map_decision(found, candidates, str(config.get("autotune.statistic"))) if found else None
+        if found is not None and chosen is not None:
+            nearest = (chosen, found)
+    return records, source, nearest
+
+
+def _map_decision(found: Nearest, candidates: Sequence[Choice], statistic: str) -> Choice | None:
+    """The candidate most like the winner at the nearest shape: same family, most parameters equal."""
+    ok = [r for r in found.records if r.status == "ok" and r.time(statistic) is not None]
+    if not ok:
+        return None
+    best = min(ok, key=lambda r: (r.time(statistic), r.choice))
+    family = best.info.get("family")
+    scored = [(sum(1 for k, v in c.params.items() if best.params.get(k) == v), -i, c)
+              for i, c in enumerate(candidates) if c.family == family]
+    if not scored:
+        return None
+    return _first_that_builds([c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)])
 
 
 def _first_that_builds(ranked: Sequence[Choice]) -> Choice | None:

@@ -1,0 +1,640 @@
+"""The Redis tier: tuning records and artifacts shared by every machine that can reach one server.
+
+Read-through and write-behind: a get asks Redis at once (a miss, an error or a rejected value is
+``None``); a put is queued and written by one daemon thread, so a caller never waits for the network.
+Nothing here raises into a caller: an unreachable or slow server logs one warning per outage, and a
+circuit breaker then skips the server for ``remote.retry_s`` before one trial call.
+
+Keys are ``{namespace}:v{FORMAT_VERSION}:rec:{key}`` (the records of one selection key) and
+``{namespace}:v{FORMAT_VERSION}:art:{key}`` (one artifact).  Values are never pickled::
+
+    value    = b"TFS1" + HMAC-SHA256(secret, u32 len(rkey) + rkey + payload) + payload    remote.secret set
+             | b"TFU1" + payload                                                          no secret
+    payload  = zstd(body)   (content size and checksum in the frame)
+    records  : body = JSON list of Record.to_json(), every one with the requested key
+    artifact : body = b"TFAR" + u16 FORMAT_VERSION + u32 len(manifest) + manifest JSON
+                      + the files concatenated in sorted name order (sizes in the manifest's file table)
+
+Trust model.  A compiled artifact is code: whoever can write a value that a reader accepts can run
+code in that reader.  Without a secret the Redis server and everyone who can write to it must be
+trusted; checksums then only catch corruption.  With ``remote.secret`` only holders of the secret can
+write accepted values, and the Redis key is inside the MAC, so a value cannot be moved to another key
+or namespace.  The MAC is checked before anything is decompressed or parsed.  A reader with a secret
+rejects unsigned values; a reader without one accepts only unsigned values, because it cannot check a
+signature and a signed value means its writers wanted them checked.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import importlib.util
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from tuneforge import config, parsing
+from tuneforge.errors import ConfigError
+from tuneforge.store.bundle import Record
+from tuneforge.store.remote_format import (
+    _MAC_LEN,
+    FORMAT_VERSION,
+    SIGNED,
+    UNSIGNED,
+    check_artifact,
+    compress,
+    decompress,
+    join_artifact,
+    split_artifact,
+)
+
+__all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "default_remote", "flush_all"]
+
+log = logging.getLogger("tuneforge.store.remote")
+
+# A stored body may expand to at most this many times max_entry_bytes: a bound on what a hostile
+# frame header can make a reader allocate (unsigned values), far above what real files compress by.
+_MAX_EXPANSION = 16
+_WRITER_IDLE_EXIT_S = 5.0  # the writer thread exits when idle this long; the next put starts another
+_CLOSE_FLUSH_S = 5.0
+_MAX_KEY_CHARS = 1024
+_SCHEMES = ("redis", "rediss", "unix")
+
+_Status = str  # "ok", "skipped" (breaker open, or closed) or "error"
+
+
+@dataclass
+class RemoteStats:
+    """Counters of one RemoteCache in this process.
+
+    Every get ends in exactly one of hits, misses (not in Redis), rejected (a value that failed its
+    signature, format or checksum), errors (Redis failed or timed out) or skipped (the circuit
+    breaker was open).  Every put ends in exactly one of puts, dropped (queue full, breaker open,
+    too large, inconsistent) or errors.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    rejected: int = 0
+    puts: int = 0
+    dropped: int = 0
+    skipped: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class _Put:
+    kind: str  # "rec" or "art"
+    key: str
+    encode: Callable[[], bytes | None]  # the body to store, or None (already counted as dropped)
+
+
+# One warning per process for each kind of rejected value; later ones go to the debug log.
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(kind: str, message: str, *args: Any) -> None:
+    with _warned_lock:
+        first = kind not in _warned
+        _warned.add(kind)
+    log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+
+def _setting_error(name: str, exc: Exception | str) -> ConfigError:
+    env = "TUNEFORGE_" + name.replace(".", "_").upper()
+    return ConfigError(f"invalid value for setting {name!r} (environment variable {env}): {exc}")
+
+
+def _checked(name: str, coerce: Callable[[Any], Any], value: Any) -> Any:
+    try:
+        return coerce(value)
+    except (TypeError, ValueError) as exc:
+        raise _setting_error(name, exc) from None
+
+
+def _display_url(url: str) -> str:
+    """The URL without its password or query (which may hold one), for logs."""
+    parts = urlsplit(url)
+    _, at, hostport = parts.netloc.rpartition("@")
+    return urlunsplit((parts.scheme, f"***@{hostport}" if at else hostport, parts.path, "", ""))
+
+
+class RemoteCache:
+    """Records and artifacts in one Redis server, under one namespace (see the module docstring).
+
+    Construction validates the arguments and connects to nothing; the ``redis`` and ``zstandard``
+    packages are imported on first use.
+    """
+
+    def __init__(self, url: str, *, namespace: str = "tuneforge", secret: str | bytes | None = None,
+                 ttl_s: float = 2592000.0, max_entry_bytes: int = 64 * 2**20, timeout_s: float = 0.5,
+                 retry_s: float = 30.0, queue_size: int = 256) -> None:
+        if not isinstance(url, str) or urlsplit(url).scheme not in _SCHEMES:
+            raise _setting_error("remote.url", f"expected a redis://, rediss:// or unix:// URL, got {url!r}")
+        self.url = url
+        self.namespace: str = _checked("remote.namespace", parsing.coerce_namespace, namespace)
+        if isinstance(secret, str):
+            secret = secret.encode("utf-8")
+        if secret is not None and (not isinstance(secret, bytes) or not secret):
+            raise _setting_error("remote.secret", "expected a non-empty string or None")
+        self._secret: bytes | None = secret
+        self.ttl_s: float = _checked("remote.ttl_s", parsing.coerce_non_negative_float, ttl_s)
+        self.max_entry_bytes: int = _checked("remote.max_entry_bytes", parsing.coerce_positive_int,
+                                             max_entry_bytes)
+        self.timeout_s: float = _checked("remote.timeout_s", parsing.coerce_positive_float, timeout_s)
+        self.retry_s: float = _checked("remote.retry_s", parsing.coerce_positive_float, retry_s)
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size must be an integer >= 1, got {queue_size!r}")
+        self.queue_size = queue_size
+        self.stats = RemoteStats()
+        self._shown_url = _display_url(url)
+        self._client: Any = None
+        self._closed = False
+        self._init_threading()
+        _instances.add(self)
+
+    # Told of every counted event (e.g. to persist statistics across processes); set by the caller.
+    listener: Callable[[str], None] | None = None
+
+    def _init_threading(self) -> None:
+        """Locks, breaker and queue state (again in a forked child, where the parent's may be held)."""
+        self._lock = threading.Lock()  # breaker, client creation and counters
+        self._down_since: float | None = None  # monotonic time of the first error of this outage
+        self._retry_at = 0.0
+        self._trial = False  # a trial call is in flight while the breaker is half-open
+        self._cv = threading.Condition(threading.Lock())  # the write-behind queue
+        self._pending: deque[_Put] = deque()
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        # Held by the writer thread around each write; os.fork() waits for it (see _before_fork), so a
+        # child is never forked while the writer is inside redis-py, holding its pool lock or half-way
+        # through one of its lazy imports (both would be frozen in that state in the child).
+        self._gate = threading.Lock()
+
+    def __repr__(self) -> str:
+        signed = "signed" if self._secret is not None else "unsigned"
+        return f"RemoteCache({self._shown_url!r}, namespace={self.namespace!r}, {signed})"
+
+    # ------------------------------------------------------------------------------------- keys, values
+
+    def _redis_key(self, kind: str, key: str) -> bytes:
+        return f"{self.namespace}:v{FORMAT_VERSION}:{kind}:{key}".encode()
+
+    @staticmethod
+    def _valid_key(key: Any) -> bool:
+        return (isinstance(key, str) and 0 < len(key) <= _MAX_KEY_CHARS and key.isprintable()
+                and not any(c.isspace() for c in key))
+
+    def _mac(self, rkey: bytes, payload: bytes) -> bytes:
+        assert self._secret is not None
+        # The key's length comes first so that no (key, payload) pair can be re-split into another.
+        message = struct.pack(">I", len(rkey)) + rkey + payload
+        return hmac.new(self._secret, message, hashlib.sha256).digest()
+
+    def _seal(self, rkey: bytes, body: bytes) -> bytes:
+        payload = compress(body)
+        if self._secret is None:
+            return UNSIGNED + payload
+        return SIGNED + self._mac(rkey, payload) + payload
+
+    def _open(self, rkey: bytes, value: Any) -> bytes | None:
+        """The body of a value read from ``rkey``, or None (counted and logged) if it is not acceptable."""
+        if not isinstance(value, bytes):
+            self._reject("malformed", rkey, f"Redis returned a {type(value).__name__}")
+            return None
+        if len(value) > self.max_entry_bytes:
+            self._reject("too-large", rkey, f"{len(value)} bytes, above remote.max_entry_bytes")
+            return None
+        magic = value[:4]
+        if self._secret is not None:
+            if magic == UNSIGNED:
+                self._reject("unsigned", rkey, "an unsigned value, but remote.secret is set")
+                return None
+            if magic != SIGNED or len(value) < len(SIGNED) + _MAC_LEN:
+                self._reject("malformed", rkey, "not a tuneforge value")
+                return None
+            mac, payload = value[4:4 + _MAC_LEN], value[4 + _MAC_LEN:]
+            if not hmac.compare_digest(mac, self._mac(rkey, payload)):
+                self._reject("bad-signature", rkey, "its signature does not match remote.secret "
+                             "(tampered, moved from another key, or written with another secret)")
+                return None
+        elif magic == SIGNED:
+            self._reject("signed", rkey, "a signed value, but remote.secret is not set, so it cannot "
+                         "be checked (set remote.secret to read this namespace)")
+            return None
+        elif magic == UNSIGNED:
+            payload = value[4:]
+        else:
+            self._reject("malformed", rkey, "not a tuneforge value")
+            return None
+        try:
+            return decompress(payload, self.max_entry_bytes * _MAX_EXPANSION)
+        except Exception as exc:
+            self._reject("malformed", rkey, f"it does not decompress ({exc})")
+            return None
+
+    def _reject(self, kind: str, rkey: bytes, why: str) -> None:
+        self._count("rejected")
+        _warn_once(kind, "remote cache %s: rejected the value of %s: %s (treated as a miss)",
+                   self._shown_url, rkey.decode("utf-8", "replace"), why)
+        return None
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+        listener = self.listener
+        if listener is not None:
+            listener(name)
+
+    # ---------------------------------------------------------------------------- calls, circuit breaker
+
+    @property
+    def available(self) -> bool:
+        """False while the circuit breaker is open (after an error, for retry_s) or after close()."""
+        with self._lock:
+            if self._closed:
+                return False
+            return self._down_since is None or (not self._trial and time.monotonic() >= self._retry_at)
+
+    def _admit(self) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            if self._down_since is None:
+                return True
+            if self._trial or time.monotonic() < self._retry_at:
+                return False
+            self._trial = True  # half-open: this call is the one trial
+            return True
+
+    def _redis(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import redis
+                import zstandard  # noqa: F401  (fail here, as an outage with a hint, if it is missing)
+                from redis.backoff import NoBackoff
+                from redis.retry import Retry
+
+                # No retries inside redis-py: one failure opens our circuit breaker instead.
+                self._client = redis.Redis.from_url(
+                    self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
+                    retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
+            return self._client
+
+    def _call(self, what: str, fn: Callable[[Any], Any]) -> tuple[_Status, Any]:
+        if not self._admit():
+            return "skipped", None
+        try:
+            result = fn(self._redis())
+        except Exception as exc:
+            self._failed(what, exc)
+            return "error", None
+        self._succeeded()
+        return "ok", result
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        with self._lock:
+            first = self._down_since is None
+            now = time.monotonic()
+            if first:
+                self._down_since = now
+            self._retry_at = now + self.retry_s
+            self._trial = False
+            self.stats.errors += 1
+        hint = " (pip install 'tuneforge[redis]')" if isinstance(exc, ImportError) else ""
+        if first:
+            log.warning("remote cache %s failed during %s (%s: %s)%s; using local caches only, next try in "
+                        "%gs", self._shown_url, what, type(exc).__name__, exc, hint, self.retry_s)
+        else:
+            log.debug("remote cache %s still failing during %s (%s: %s)", self._shown_url, what,
+                      type(exc).__name__, exc)
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            since = self._down_since
+            self._down_since = None
+            self._trial = False
+        if since is not None:
+            log.info("remote cache %s is back after %.1fs", self._shown_url, time.monotonic() - since)
+
+    @staticmethod
+    def _get_value(client: Any, rkey: bytes) -> Any:
+        import redis
+
+        try:
+            return client.get(rkey)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):  # a value of another type: rejected, not an outage
+                return exc
+            raise
+
+    def _fetch(self, kind: str, key: str) -> bytes | None:
+        """The verified body stored for ``key``, or None (a miss, error, skip or rejection: counted)."""
+        if not self._valid_key(key):
+            _warn_once("bad-key", "remote cache: %r is not a usable key (treated as a miss)", key)
+            self._count("misses")
+            return None
+        rkey = self._redis_key(kind, key)
+        status, value = self._call(f"get {rkey.decode()}", lambda client: self._get_value(client, rkey))
+        if status != "ok":
+            if status == "skipped":
+                self._count("skipped")
+            return None  # errors are counted by _failed
+        if value is None:
+            self._count("misses")
+            return None
+        return self._open(rkey, value)
+
+    # ------------------------------------------------------------------------------------------ records
+
+    def get_records(self, key: str) -> list[Record] | None:
+        """All records stored for the selection ``key``; None on a miss, an error or a rejected value."""
+        try:
+            body = self._fetch("rec", key)
+            if body is None:
+                return None
+            rkey = self._redis_key("rec", key)
+            try:
+                rows = json.loads(body)
+                if not isinstance(rows, list) or not rows:
+                    raise ValueError("expected a non-empty JSON list of records")
+                records = [Record.from_json(row) for row in rows]
+            except Exception as exc:
+                self._reject("malformed", rkey, f"not a list of records ({exc})")
+                return None
+            wrong = sorted({r.key for r in records if r.key != key})
+            if wrong:
+                self._reject("wrong-key", rkey, f"it holds records of key(s) {wrong}")
+                return None
+            self._count("hits")
+            return records
+        except Exception:  # pragma: no cover - a bug here must still not break a selection
+            log.exception("remote cache %s: unexpected error in get_records", self._shown_url)
+            return None
+
+    def put_records(self, key: str, records: Sequence[Record]) -> None:
+        """Queue all records of ``key`` for writing (they replace what Redis holds for it)."""
+        try:
+            rows = [record.to_json() for record in records]  # copies: the caller may change its objects
+            if not self._valid_key(key) or not rows or any(row["key"] != key for row in rows):
+                _warn_once("bad-put", "remote cache: not storing records under %r: they must be a non-empty "
+                           "list of records of that key", key)
+                self._count("dropped")
+                return
+            body = json.dumps(rows, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+            self._enqueue(_Put("rec", key, lambda: body))
+        except Exception as exc:
+            _warn_once("bad-put", "remote cache: cannot store records of %r: %s", key, exc)
+            self._count("dropped")
+
+    # ---------------------------------------------------------------------------------------- artifacts
+
+    def get_artifact(self, key: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+        """The manifest and file contents of the artifact ``key``, verified; None on a miss or a bad value."""
+        try:
+            body = self._fetch("art", key)
+            if body is None:
+                return None
+            rkey = self._redis_key("art", key)
+            try:
+                manifest, files = split_artifact(body)
+            except Exception as exc:
+                self._reject("malformed", rkey, f"not an artifact ({exc})")
+                return None
+            problem = check_artifact(key, manifest, files)
+            if problem is not None:
+                self._reject("checksum", rkey, problem)
+                return None
+            self._count("hits")
+            return manifest, files
+        except Exception:  # pragma: no cover
+            log.exception("remote cache %s: unexpected error in get_artifact", self._shown_url)
+            return None
+
+    def put_artifact(self, key: str, manifest: Mapping[str, Any], files: Mapping[str, bytes]) -> None:
+        """Queue an artifact (its store manifest and file contents) for writing."""
+        try:
+            manifest_json = json.dumps(dict(manifest), sort_keys=True, separators=(",", ":"),
+                                       allow_nan=False).encode()
+            contents = {name: value if isinstance(value, bytes) else bytes(value) for name, value in files.items()}
+            if not self._valid_key(key):
+                raise ValueError("not a usable key")
+        except Exception as exc:
+            _warn_once("bad-put", "remote cache: cannot store artifact %r: %s", key, exc)
+            self._count("dropped")
+            return
+
+        def encode() -> bytes | None:  # in the writer thread: hashing and compression take time
+            problem = check_artifact(key, json.loads(manifest_json), contents)
+            if problem is not None:
+                _warn_once("bad-put", "remote cache: not storing artifact %s: %s", key, problem)
+                return None
+            return join_artifact(manifest_json, contents)
+
+        self._enqueue(_Put("art", key, encode))
+
+    # ------------------------------------------------------------------------------------- write-behind
+
+    def _enqueue(self, item: _Put) -> None:
+        if not self.available:
+            self._count("dropped")
+            log.debug("remote cache %s unavailable: dropped the put of %s", self._shown_url, item.key)
+            return
+        try:
+            # Import redis and zstandard here, in the caller's thread, never first in the writer: a fork
+            # while the writer is half-way through an import leaves the child a half-initialised module.
+            self._redis()
+        except Exception as exc:
+            self._failed("setup", exc)  # counted as an error
+            return
+        with self._cv:
+            if len(self._pending) >= self.queue_size:
+                full = True
+            else:
+                full = False
+                self._pending.append(item)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._writer, name="tuneforge-remote-writer",
+                                                    daemon=True)
+                    self._thread.start()
+                self._cv.notify()
+        if full:
+            self._count("dropped")
+            log.debug("remote cache %s: write queue full, dropped the put of %s", self._shown_url, item.key)
+
+    def _writer(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    timed_out = self._closed or not self._cv.wait(_WRITER_IDLE_EXIT_S)
+                    if timed_out and not self._pending:  # closed, or idle: a later put starts a new thread
+                        self._thread = None
+                        return
+                item = self._pending.popleft()
+                self._busy += 1
+            try:
+                with self._gate:
+                    self._write(item)
+            except Exception:  # pragma: no cover - never let the writer die
+                log.exception("remote cache %s: unexpected error writing %s", self._shown_url, item.key)
+                self._count("dropped")
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
+    def _write(self, item: _Put) -> None:
+        rkey = self._redis_key(item.kind, item.key)
+        if not self.available:
+            self._count("dropped")
+            return
+        body = item.encode()
+        if body is None:
+            self._count("dropped")
+            return
+        if len(body) > self.max_entry_bytes * _MAX_EXPANSION:
+            self._count("dropped")
+            log.debug("remote cache: %s not stored: %d bytes uncompressed", item.key, len(body))
+            return
+        value = self._seal(rkey, body)
+        if len(value) > self.max_entry_bytes:
+            self._count("dropped")
+            log.debug("remote cache: %s not stored: %d bytes compressed, above remote.max_entry_bytes=%d",
+                      item.key, len(value), self.max_entry_bytes)
+            return
+        px = max(1, round(self.ttl_s * 1000)) if self.ttl_s > 0 else None
+        status, _ = self._call(f"set {rkey.decode()}", lambda client: client.set(rkey, value, px=px))
+        if status == "ok":
+            self._count("puts")
+        elif status == "skipped":
+            self._count("dropped")
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued put has been written or dropped; False if ``timeout`` ran out first."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cv:
+            while self._pending or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cv.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Flush (for a few seconds at most), stop the writer and disconnect; later calls do nothing."""
+        self.flush(_CLOSE_FLUSH_S)
+        with self._cv:
+            self._closed = True
+            left = len(self._pending)
+            self._pending.clear()
+            thread = self._thread
+            self._cv.notify_all()
+        for _ in range(left):
+            self._count("dropped")
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.timeout_s + 1.0)
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def _after_fork(self) -> None:
+        # The parent's writer thread does not exist here, and its locks may have been held at the fork;
+        # the parent writes its own queued puts.  The Redis client is the parent's too: its pool's lock
+        # may be held by the parent's writer, so the child neither uses it nor closes it (closing takes
+        # that lock): it is kept alive, unused, and the child connects afresh.
+        if self._client is not None:
+            _abandoned.append(self._client)
+            self._client = None
+        self._init_threading()
+
+
+_instances: weakref.WeakSet[RemoteCache] = weakref.WeakSet()
+_abandoned: list[Any] = []  # in a forked child: the parent's Redis clients (see RemoteCache._after_fork)
+_defaults: dict[tuple[str, str, str | None], RemoteCache] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_remote() -> RemoteCache | None:
+    """The RemoteCache named by the settings (one per url, namespace and secret); None without remote.url.
+
+    None too, with one warning, when the ``redis`` or ``zstandard`` package is missing.  A malformed
+    setting raises ConfigError.
+    """
+    url = config.get("remote.url")
+    if not url:
+        return None
+    missing = [name for name in ("redis", "zstandard") if importlib.util.find_spec(name) is None]
+    if missing:
+        _warn_once("no-package", "remote.url is set but the Python package(s) %s are not installed: "
+                   "pip install 'tuneforge[redis]'; continuing without the remote cache", ", ".join(missing))
+        return None
+    spec = (url, config.get("remote.namespace"), config.get("remote.secret"))
+    with _defaults_lock:
+        cache = _defaults.get(spec)
+        if cache is None or cache._closed:
+            cache = _defaults[spec] = RemoteCache(
+                url, namespace=spec[1], secret=spec[2], ttl_s=config.get("remote.ttl_s"),
+                max_entry_bytes=config.get("remote.max_entry_bytes"), timeout_s=config.get("remote.timeout_s"),
+                retry_s=config.get("remote.retry_s"))
+        return cache
+
+
+def flush_all(timeout: float = 10.0) -> None:
+    """Flush every RemoteCache of this process (runs at exit, so that the last puts reach Redis)."""
+    for cache in list(_instances):
+        try:
+            cache.flush(timeout)
+        except Exception:  # pragma: no cover
+            log.exception("remote cache %s: flush failed", cache._shown_url)
+
+
+_held_gates: list[threading.Lock] = []
+_FORK_WAIT_S = 10.0  # a fork waits at most this long for writes in flight
+
+
+def _before_fork() -> None:
+    deadline = time.monotonic() + _FORK_WAIT_S
+    for cache in sorted(_instances, key=id):
+        gate = cache._gate
+        if gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            _held_gates.append(gate)
+        else:  # pragma: no cover - a write stuck for seconds: fork anyway, as without this hook
+            log.debug("remote cache %s: forking while a write is in flight", cache._shown_url)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_gates:
+        _held_gates.pop().release()
+
+
+def _after_fork_in_child() -> None:
+    global _defaults_lock, _warned_lock
+    _held_gates.clear()  # the child's caches get new gates
+    _defaults_lock = threading.Lock()
+    _warned_lock = threading.Lock()
+    for cache in list(_instances):
+        cache._after_fork()
+
+
+atexit.register(flush_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

@@ -1,0 +1,125 @@
+"""The cache tiers in the order a lookup walks them: local (artifact store, record database), then
+the remote (Redis), then shipped bundles. A remote hit is copied into the local tier; what this
+process builds or measures is shared with the remote, write-behind.
+
+Remote statistics are kept per process by the RemoteCache and merged into
+``<cache_dir>/artifacts/remote_stats.json`` so that `tuneforge cache stats` can show them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuneforge import config
+from tuneforge.store.artifacts import Entry
+from tuneforge.store.bundle import Record
+from tuneforge.store.default import artifacts_dir, default_records
+from tuneforge.store.remote import RemoteCache, default_remote
+from tuneforge.store.stats import StatsFile
+
+log = logging.getLogger("tuneforge.store")
+
+REMOTE_COUNTERS = ("hits", "misses", "errors", "rejected", "puts", "dropped", "skipped")
+_stats_files: dict[str, StatsFile] = {}
+
+
+def remote_stats_file() -> StatsFile:
+    root = artifacts_dir()
+    stats = _stats_files.get(str(root))
+    if stats is None:
+        stats = _stats_files[str(root)] = StatsFile(root / "remote_stats.json", root / "remote_stats.lock",
+                                                    root / "tmp", 10.0, counters=REMOTE_COUNTERS)
+    return stats
+
+
+def remote() -> RemoteCache | None:
+    """The configured remote cache, its events counted into the persistent remote statistics."""
+    cache = default_remote()
+    if cache is not None and cache.listener is None:
+        stats = remote_stats_file()
+        cache.listener = stats.add
+    return cache
+
+
+def _flush_stats() -> None:
+    for stats in list(_stats_files.values()):
+        stats.flush_quietly()
+
+
+atexit.register(_flush_stats)
+
+
+# ---------------------------------------------------------------------------------------- artifacts
+
+
+def from_remote_or(key: str, build: Callable[[Path], Mapping[str, Any] | None]) -> Callable[[Path], Mapping[str, Any]]:
+    """A build step for ArtifactStore.get_or_build that first asks the remote for the artifact.
+
+    It runs under the store's per-key lock, so N local processes fetch once; the fetched files are
+    checked against their manifest by the remote layer and published like a local build.
+    """
+
+    def fetch_or_build(staging: Path) -> Mapping[str, Any]:
+        cache = remote()
+        fetched = cache.get_artifact(key) if cache is not None else None
+        if fetched is not None:
+            manifest, files = fetched
+            for name, data in files.items():
+                (staging / name).write_bytes(data)
+            return {**manifest.get("meta", {}), "fetched_from_remote": True}
+        return dict(build(staging) or {})
+
+    return fetch_or_build
+
+
+def share_artifact(entry: Entry) -> None:
+    """Queue a freshly built entry for the remote (nothing when no remote is configured)."""
+    cache = remote()
+    if cache is None or entry.meta.get("fetched_from_remote"):
+        return
+    try:
+        files = {name: entry.file(name).read_bytes() for name in entry.manifest["files"]}
+    except OSError as exc:  # evicted meanwhile: nothing to share
+        log.debug("not sharing %s: %s", entry.key, exc)
+        return
+    cache.put_artifact(entry.key, entry.manifest, files)
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+def remote_records(key: str) -> list[Record]:
+    """The remote's records of `key`, merged into the local database (the better record wins)."""
+    cache = remote()
+    fetched = cache.get_records(key) if cache is not None else None
+    if not fetched:
+        return []
+    db = default_records()
+    db.import_bundle({"format": "tuneforge-records", "version": 1, "records": [r.to_json() for r in fetched]},
+                     keep="better")
+    return db.get(key)
+
+
+def share_records(key: str) -> None:
+    """Queue every local record of `key` for the remote (the remote value holds a key's whole list)."""
+    cache = remote()
+    if cache is not None:
+        records = default_records().get(key)
+        if records:
+            cache.put_records(key, records)
+
+
+def remote_configured() -> bool:
+    return bool(config.get("remote.url"))
+
+
+def describe_remote(counters: Mapping[str, int]) -> Sequence[tuple[str, Any]]:
+    lookups = counters["hits"] + counters["misses"]
+    rate = f"{100 * counters['hits'] / lookups:.1f}%" if lookups else "-"
+    return [("remote hits", counters["hits"]), ("remote misses", counters["misses"]), ("remote hit rate", rate),
+            ("remote errors", counters["errors"]), ("remote rejected entries", counters["rejected"]),
+            ("remote puts", counters["puts"]), ("remote puts dropped", counters["dropped"])]
