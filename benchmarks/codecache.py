@@ -19,6 +19,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from common import precompile_package
+
 KERNEL = r"""
 #include <math.h>
 #include <stdint.h>
@@ -106,6 +108,7 @@ def median_ms(values: list[float]) -> float:
 
 
 def main() -> None:
+    precompile_package()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()

@@ -48,9 +48,9 @@ def trial_wall(isolate: bool, shape: int) -> tuple[float, float]:
     """(wall of the trial phase, summed per-choice median ms) for the default matmul space."""
     from tuneforge import config
     from tuneforge.kernels import matmul as family
+    from tuneforge.tune.job import TrialJob
     from tuneforge.tune.measure import measure
     from tuneforge.tune.specs import TensorSpec
-    from tuneforge.tune.trials import TrialJob
 
     spec = TensorSpec.contiguous((shape, shape))
     choices = family.choices("float32")

@@ -19,6 +19,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from common import precompile_package
+
 WARM_CHILD = """
 import time
 t0 = time.perf_counter()
@@ -82,6 +84,7 @@ def dispatch_overhead(calls: int = 200_000) -> tuple[float, float]:
 
 
 def main() -> None:
+    precompile_package()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="512x512x512")
     parser.add_argument("--repeats", type=int, default=5)

@@ -52,11 +52,12 @@ def test_choices_dedupe_and_runtime_params_share_one_artifact(cache_dir: Path) -
     template = KernelTemplate("tpl_runtime", source + "{{ '' if UNUSED else '' }}",
                               signature="void scale(double* x, long n, double f)", launcher=launch,
                               runtime_params={"F"})
-    choices = template.choices([{"F": 2, "UNUSED": 1}, {"F": 3, "UNUSED": 1}, {"F": 2, "UNUSED": 0}])
+    choices = template.choices([{"F": 2, "UNUSED": 1}, {"F": 3, "UNUSED": 1}, {"F": 2, "UNUSED": 0},
+                                {"F": 2, "UNUSED": 1}])
     assert len({c.source for c in choices}) == 1
-    assert len(dedupe(choices)) == 2  # F=2 twice renders and runs the same: one choice
+    assert len(dedupe(choices)) == 3  # a repeated configuration is one choice (hash = template + config)
     x = np.ones(4)
-    for choice in choices[:2]:
+    for choice in choices[:2]:  # different configurations, one compiled artifact
         choice.build().result()
         choice.run([x])
     assert x.tolist() == [6.0] * 4

@@ -6,7 +6,6 @@ import functools
 import os
 import platform
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +51,8 @@ def _linux_cpuinfo() -> tuple[str, set[str]]:
 
 
 def _darwin_sysctl(name: str) -> str:
+    import subprocess  # only on macOS
+
     try:
         return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -27,12 +27,15 @@ def _compiler_checks() -> list[Check]:
         tc = default_toolchain()
     except TuneforgeError as exc:
         return [Check("C++ compiler", False, str(exc))]
+    from tuneforge.compile.toolchain import openmp_available
+
     march = " ".join(tc.target_flags(tc.march))
+    has_openmp = openmp_available(tc)
     checks = [
         Check("C++ compiler", True, f"{tc.command[-1]} ({tc.version})"),
         Check("target CPU", True, march),
-        Check("OpenMP", tc.openmp_flags is not None,
-              " ".join(tc.openmp_flags) if tc.openmp_flags else "not available (install libgomp)", required=False),
+        Check("OpenMP", has_openmp, " ".join(tc.openmp_flags or ()) if has_openmp
+              else "not available (install libgomp or libomp)", required=False),
     ]
     try:
         from tuneforge.compile.cpp import load

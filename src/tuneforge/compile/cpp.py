@@ -177,8 +177,9 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
                            stderr=proc.stderr, source_path=kept, returncode=proc.returncode)
     if config.get("debug"):
         log.info("compiled %s: %s", key, " ".join(command))
+    module = _INIT.findall(build.source)[0] if build.python_module else None
     return {"output": build.output_name, "compile_seconds": round(time.perf_counter() - started, 4),
-            "compiler_warnings": proc.stderr[-4000:]}
+            "compiler_warnings": proc.stderr[-4000:], "module": module}
 
 
 def artifact_key(build: CppBuild, toolchain: Toolchain | None = None) -> tuple[str, dict[str, Any]]:
@@ -255,6 +256,50 @@ def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequenc
     return _request(full_source, flags, openmp, include_dirs, python_module=True)
 
 
+def _import_extension(name: str, path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class _NotStored(Exception):
+    """Raised inside a store build step: the artifact is neither local nor remote."""
+
+
+def _refuse(staging: Path) -> Mapping[str, Any]:
+    raise _NotStored
+
+
+_by_key: dict[tuple[str, str], ModuleType] = {}
+
+
+def load_module_by_key(key: str) -> ModuleType | None:
+    """The extension module stored under `key` (local store, else the remote), or None.
+
+    Used with keys that tuning records remember, so a warm start needs no template render and no
+    compiler probe; None sends the caller back to the normal build.
+    """
+    store = default_store()
+    memo = (str(store.root), key)
+    module = _by_key.get(memo)
+    if module is not None:
+        return module
+    try:
+        entry = store.get(key) or store.get_or_build(key, from_remote_or(key, _refuse))
+    except _NotStored:
+        return None
+    name = entry.meta.get("module")
+    if not isinstance(name, str):
+        return None
+    module = _import_extension(name, entry.file(entry.meta["output"]))
+    module.tuneforge_key = key  # type: ignore[attr-defined]
+    _by_key[memo] = module
+    return module
+
+
 def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
                 openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = ()) -> ModuleType:
     """Build and import a CPython extension module: calls go straight in, without ctypes' overhead.
@@ -270,12 +315,7 @@ def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[s
     module = _libraries.get(memo)
     if module is None:
         artifact = build(request)
-        name = _INIT.findall(request.source)[0]
-        loader = importlib.machinery.ExtensionFileLoader(name, str(artifact.library_path))
-        spec = importlib.util.spec_from_file_location(name, artifact.library_path, loader=loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
+        module = _import_extension(_INIT.findall(request.source)[0], artifact.library_path)
         module.tuneforge_key = artifact.key  # type: ignore[attr-defined]
         _libraries[memo] = module
     return module

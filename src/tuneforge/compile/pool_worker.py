@@ -25,8 +25,6 @@ from typing import Any
 from tuneforge import config
 from tuneforge.compile import cpp
 from tuneforge.compile.cpp import CppBuild
-from tuneforge.store.remote import flush_all
-from tuneforge.store.tiers import remote_stats_file
 
 KILL_GRACE_S = 3.0  # a worker told to stop (SIGTERM) gets this long before SIGKILL
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)
@@ -176,6 +174,9 @@ def run_task(run: int, build: CppBuild, settings: dict[str, Any]) -> BuildResult
         with config.patch(settings):
             artifact = cpp.build(build)
             if artifact.compiled and config.get("remote.url"):
+                from tuneforge.store.remote import flush_all
+                from tuneforge.store.tiers import remote_stats_file
+
                 # Worker processes end without running atexit hooks: send the shared artifact now.
                 flush_all(timeout=float(config.get("remote.timeout_s")) * 4 + 5)
                 remote_stats_file().flush_quietly()

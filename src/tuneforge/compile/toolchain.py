@@ -31,7 +31,7 @@ from tuneforge.hashing import file_hash
 
 log = logging.getLogger("tuneforge.compile")
 
-PROBE_FORMAT = 2
+PROBE_FORMAT = 4
 _CANDIDATES = ("g++", "clang++", "c++")
 
 
@@ -42,11 +42,20 @@ class Toolchain:
     version: str  # first line of --version
     target: str  # -dumpmachine
     binary_sha256: str
-    march: str  # the real CPU name the compiler picks for -march=native
-    # Features -march=native turns on or off beyond that CPU name (a newer CPU than the compiler
-    # knows, e.g. AVX-512 on a Zen 5 seen by gcc 12 as znver3): named explicitly, never "native".
-    native_extra_flags: tuple[str, ...]
-    openmp_flags: tuple[str, ...] | None  # None when the compiler cannot build OpenMP code
+    # The OpenMP flags of this compiler family. Whether its runtime is installed is only checked when
+    # asked (openmp_available): a test compile costs more than the rest of the probe together.
+    openmp_flags: tuple[str, ...] | None
+
+    @property
+    def march(self) -> str:
+        """The real CPU name the compiler picks for -march=native (probed on first use)."""
+        return cpu_target(self)[0]
+
+    @property
+    def native_extra_flags(self) -> tuple[str, ...]:
+        """Features -march=native turns on or off beyond that CPU name (a newer CPU than the compiler
+        knows, e.g. AVX-512 on a Zen 5 seen by gcc 12 as znver3): named explicitly, never "native"."""
+        return cpu_target(self)[1]
 
     def identity(self) -> dict[str, Any]:
         """What names this compiler in a key: no absolute path, but its own content hash."""
@@ -65,8 +74,8 @@ class Toolchain:
             cmd.append("-shared")
         if openmp:
             if self.openmp_flags is None:
-                raise ToolchainError(f"{self.command[-1]} cannot build OpenMP code (a test compile with "
-                                     "-fopenmp failed); install libgomp/libomp or set cpp.openmp off")
+                raise ToolchainError(f"{self.command[-1]} is not a known OpenMP compiler (gcc or clang); "
+                                     "set cpp.openmp off or use g++/clang++")
             cmd.extend(self.openmp_flags)
         cmd.extend(f"-I{d}" for d in include_dirs)
         cmd.extend(flags)
@@ -163,12 +172,16 @@ def _detect_march(command: tuple[str, ...], kind: str) -> tuple[str, tuple[str, 
     return ("armv8-a" if cpu.arch in ("aarch64", "arm64") else "generic"), ()
 
 
-def _openmp_flags(command: tuple[str, ...]) -> tuple[str, ...] | None:
+@functools.lru_cache(maxsize=8)
+def openmp_available(toolchain: Toolchain) -> bool:
+    """Whether an OpenMP program compiles and links here (a test compile, once per process)."""
+    if toolchain.openmp_flags is None:
+        return False
     source = "#include <omp.h>\nint main(){int n=0;\n#pragma omp parallel\n{n=omp_get_num_threads();}\nreturn n<1;}\n"
     with tempfile.TemporaryDirectory(prefix="tuneforge-omp-") as tmp:
         Path(tmp, "t.cpp").write_text(source)
-        proc = run_command([*command, "-fopenmp", "t.cpp", "-o", "t"], cwd=tmp, timeout=120)
-        return ("-fopenmp",) if proc.returncode == 0 else None
+        proc = run_command([*toolchain.command, *toolchain.openmp_flags, "t.cpp", "-o", "t"], cwd=tmp, timeout=120)
+        return proc.returncode == 0
 
 
 def _probe(command: tuple[str, ...]) -> Toolchain:
@@ -185,10 +198,8 @@ def _probe(command: tuple[str, ...]) -> Toolchain:
         else "unknown"
     version = version_out.stdout.strip().splitlines()[0] if version_out.stdout.strip() else "unknown"
     binary_sha = hashlib.sha256("".join(file_hash(b) for b in command).encode()).hexdigest()
-    march, extra = _detect_march(command, kind)
     toolchain = Toolchain(command=command, kind=kind, version=version, target=target,
-                          binary_sha256=binary_sha, march=march, native_extra_flags=extra,
-                          openmp_flags=_openmp_flags(command))
+                          binary_sha256=binary_sha, openmp_flags=("-fopenmp",) if kind in ("gcc", "clang") else None)
     log.debug("probed %s in %.0f ms: %s", command[-1], (time.perf_counter() - started) * 1e3, toolchain)
     return toolchain
 
@@ -201,19 +212,45 @@ def _probe_cached(command: tuple[str, ...]) -> Toolchain:
         if data.pop("probe_format") == PROBE_FORMAT:
             flags = data.pop("openmp_flags")
             return Toolchain(command=tuple(data.pop("command")),
-                             native_extra_flags=tuple(data.pop("native_extra_flags")),
                              openmp_flags=None if flags is None else tuple(flags), **data)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing or unreadable probe record: probe again
     toolchain = _probe(command)
+    _save_probe(path, {"probe_format": PROBE_FORMAT, **asdict(toolchain)})
+    return toolchain
+
+
+def _save_probe(path: Path, data: dict[str, Any]) -> None:
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{path.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"probe_format": PROBE_FORMAT, **asdict(toolchain)}))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("cannot save compiler probe to %s: %s", directory, exc)
-    return toolchain
+        log.warning("cannot save compiler probe to %s: %s", path.parent, exc)
+
+
+_targets: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
+
+
+def cpu_target(toolchain: Toolchain) -> tuple[str, tuple[str, ...]]:
+    """(march, extra feature flags) for this compiler on this CPU: probed on first use (two compiler
+    runs), then kept on disk beside the identity probe. Only builds need it, not lookups."""
+    known = _targets.get(toolchain.command)
+    if known is not None:
+        return known
+    path = Path(config.get("cache_dir")) / "toolchains" / f"{_probe_key(toolchain.command)}.target.json"
+    try:
+        data = json.loads(path.read_text())
+        if data.get("probe_format") == PROBE_FORMAT:
+            known = (str(data["march"]), tuple(data["extra"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if known is None:
+        known = _detect_march(toolchain.command, toolchain.kind)
+        _save_probe(path, {"probe_format": PROBE_FORMAT, "march": known[0], "extra": list(known[1])})
+    _targets[toolchain.command] = known
+    return known
 
 
 @functools.lru_cache(maxsize=16)

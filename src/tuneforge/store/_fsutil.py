@@ -9,7 +9,6 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -180,7 +179,7 @@ _host_cache: list[str] = []
 def hostname() -> str:
     """This machine's host name, reduced to characters that are safe in a file name."""
     if not _host_cache:
-        _host_cache.append(re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "host")
+        _host_cache.append(re.sub(r"[^A-Za-z0-9-]", "_", os.uname().nodename) or "host")  # no socket import
     return _host_cache[0]
 
 

@@ -59,6 +59,7 @@ from tuneforge.store.remote_format import (
     join_artifact,
     split_artifact,
 )
+from tuneforge.store.resp import RespError, RespReader
 
 __all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "default_remote", "flush_all"]
 
@@ -165,6 +166,9 @@ class RemoteCache:
         self.stats = RemoteStats()
         self._shown_url = _display_url(url)
         self._client: Any = None
+        # Lookups go through a small RESP reader (redis-py's import alone costs ~80 ms); see store/resp.py.
+        self._reader: RespReader | None = None
+        self._no_reader = False
         self._closed = False
         self._init_threading()
         _instances.add(self)
@@ -175,6 +179,7 @@ class RemoteCache:
     def _init_threading(self) -> None:
         """Locks, breaker and queue state (again in a forked child, where the parent's may be held)."""
         self._lock = threading.Lock()  # breaker, client creation and counters
+        self._read_lock = threading.Lock()  # the RESP reader's one connection
         self._down_since: float | None = None  # monotonic time of the first error of this outage
         self._retry_at = 0.0
         self._trial = False  # a trial call is in flight while the breaker is half-open
@@ -297,11 +302,11 @@ class RemoteCache:
                     retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
             return self._client
 
-    def _call(self, what: str, fn: Callable[[Any], Any]) -> tuple[_Status, Any]:
+    def _call(self, what: str, fn: Callable[[], Any]) -> tuple[_Status, Any]:
         if not self._admit():
             return "skipped", None
         try:
-            result = fn(self._redis())
+            result = fn()
         except Exception as exc:
             self._failed(what, exc)
             return "error", None
@@ -333,16 +338,32 @@ class RemoteCache:
         if since is not None:
             log.info("remote cache %s is back after %.1fs", self._shown_url, time.monotonic() - since)
 
-    @staticmethod
-    def _get_value(client: Any, rkey: bytes) -> Any:
+    def _get_value(self, rkey: bytes) -> Any:
+        reader = self._fast_reader()
+        if reader is not None:
+            import zstandard  # noqa: F401  (fail here, as an outage with a hint, if it is missing)
+
+            try:
+                with self._read_lock:
+                    return reader.get(rkey)
+            except RespError as exc:
+                if str(exc).startswith("WRONGTYPE"):  # a value of another type: rejected, not an outage
+                    return exc
+                raise
         import redis
 
         try:
-            return client.get(rkey)
+            return self._redis().get(rkey)
         except redis.ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):  # a value of another type: rejected, not an outage
+            if str(exc).startswith("WRONGTYPE"):
                 return exc
             raise
+
+    def _fast_reader(self) -> RespReader | None:
+        if self._reader is None and not self._no_reader:
+            self._reader = RespReader.for_url(self.url, self.timeout_s)
+            self._no_reader = self._reader is None
+        return self._reader
 
     def _fetch(self, kind: str, key: str) -> bytes | None:
         """The verified body stored for ``key``, or None (a miss, error, skip or rejection: counted)."""
@@ -351,7 +372,7 @@ class RemoteCache:
             self._count("misses")
             return None
         rkey = self._redis_key(kind, key)
-        status, value = self._call(f"get {rkey.decode()}", lambda client: self._get_value(client, rkey))
+        status, value = self._call(f"get {rkey.decode()}", lambda: self._get_value(rkey))
         if status != "ok":
             if status == "skipped":
                 self._count("skipped")
@@ -519,7 +540,7 @@ class RemoteCache:
                       item.key, len(value), self.max_entry_bytes)
             return
         px = max(1, round(self.ttl_s * 1000)) if self.ttl_s > 0 else None
-        status, _ = self._call(f"set {rkey.decode()}", lambda client: client.set(rkey, value, px=px))
+        status, _ = self._call(f"set {rkey.decode()}", lambda: self._redis().set(rkey, value, px=px))
         if status == "ok":
             self._count("puts")
         elif status == "skipped":
@@ -551,9 +572,13 @@ class RemoteCache:
             thread.join(self.timeout_s + 1.0)
         with self._lock:
             client, self._client = self._client, None
+            reader, self._reader = self._reader, None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()
 
     def _after_fork(self) -> None:
         # The parent's writer thread does not exist here, and its locks may have been held at the fork;
@@ -563,6 +588,7 @@ class RemoteCache:
         if self._client is not None:
             _abandoned.append(self._client)
             self._client = None
+        self._reader, self._no_reader = None, False  # the parent's socket is not ours to use
         self._init_threading()
 
 

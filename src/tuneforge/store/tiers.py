@@ -12,14 +12,16 @@ import atexit
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge.store.artifacts import Entry
 from tuneforge.store.bundle import Record
 from tuneforge.store.default import artifacts_dir, default_records
-from tuneforge.store.remote import RemoteCache, default_remote
 from tuneforge.store.stats import StatsFile
+
+if TYPE_CHECKING:
+    from tuneforge.store.remote import RemoteCache
 
 log = logging.getLogger("tuneforge.store")
 
@@ -38,6 +40,10 @@ def remote_stats_file() -> StatsFile:
 
 def remote() -> RemoteCache | None:
     """The configured remote cache, its events counted into the persistent remote statistics."""
+    if not config.get("remote.url"):
+        return None  # without a remote, its module (and redis) never load
+    from tuneforge.store.remote import default_remote
+
     cache = default_remote()
     if cache is not None and cache.listener is None:
         stats = remote_stats_file()

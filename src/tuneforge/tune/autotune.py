@@ -19,8 +19,8 @@ from typing import Any
 
 from tuneforge.hashing import key_hash, system_fingerprint
 from tuneforge.tune.choices import CallableChoice, Choice, dedupe
+from tuneforge.tune.job import TrialJob
 from tuneforge.tune.select import decide
-from tuneforge.tune.trials import TrialJob
 from tuneforge.tune.verify import is_array
 
 KeyFn = Callable[..., Any]

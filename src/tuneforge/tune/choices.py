@@ -79,6 +79,9 @@ class Choice(ABC):
         in parameters, which is how a decision for one shape is mapped onto another shape's choices."""
         return f"{type(self).__name__}:{self.name}"
 
+    def use_record(self, info: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Take hints from this choice's tuning record (e.g. where its compiled code is stored)."""
+
     def build(self, builder: Builder | None = None) -> Future[Any]:
         """Prepare the choice to run (compile it); the future fails with the build error."""
         return _completed()

@@ -18,7 +18,8 @@ from tuneforge import config
 from tuneforge.compile.pool import default_pool
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.trials import TrialJob, error_text, make_record, run_trials
+from tuneforge.tune.job import TrialJob, error_text, make_record
+from tuneforge.tune.trials import run_trials
 
 log = logging.getLogger("tuneforge.tune")
 

@@ -22,8 +22,8 @@ from typing import Any
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.job import TrialJob, make_record
 from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, receive, send
-from tuneforge.tune.trials import TrialJob, make_record
 
 log = logging.getLogger("tuneforge.tune")
 

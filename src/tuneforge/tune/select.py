@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge.errors import NoValidChoicesError
@@ -21,11 +21,12 @@ from tuneforge.store import tiers
 from tuneforge.store.bundles import Nearest, bundles
 from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
-from tuneforge.tune import report as reporting
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
-from tuneforge.tune.measure import measure
+from tuneforge.tune.job import TrialJob, args_signature
 from tuneforge.tune.specs import TensorSpec, key_of
-from tuneforge.tune.trials import TrialJob, args_signature
+
+if TYPE_CHECKING:
+    from tuneforge.tune.report import Row, SelectionReport
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -42,7 +43,7 @@ class Selection:
     source: str  # single, memo, records, tuned, cache_only, fallback
     benchmarked: list[str] = field(default_factory=list)  # names of choices timed by this call
     records: dict[str, Record] = field(default_factory=dict)  # hash_key -> record of each candidate
-    report: reporting.SelectionReport | None = None
+    report: SelectionReport | None = None
 
 
 def _arg_key(value: Any) -> Any:
@@ -86,12 +87,14 @@ def _ready(choice: Choice) -> Choice:
 
 
 def _rows(candidates: Sequence[Choice], records: Mapping[str, Record], statistic: str,
-          measured: set[str]) -> list[reporting.Row]:
+          measured: set[str]) -> list[Row]:
+    from tuneforge.tune.report import Row
+
     rows = []
     for c in candidates:
         r = records.get(c.hash_key)
         if r is not None:
-            rows.append(reporting.Row(c.name, r.status, r.time(statistic), c.info, r.error,
+            rows.append(Row(c.name, r.status, r.time(statistic), c.info, r.error,
                                       measured=c.hash_key in measured))
     return rows
 
@@ -154,6 +157,8 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
             return Selection(hit, key, "memo")
     statistic = str(config.get("autotune.statistic"))
     job = workload()  # data only: inputs are generated when (and where) trials run
+    from tuneforge.tune import report as reporting  # tables and logs load only when a decision is made
+
     report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described, rows=[], winner="",
                                        source="", statistic=statistic)
     records, source, nearest = ({}, "tuned", None) if force else _lookup(name, key, candidates, job)
@@ -169,6 +174,8 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     elif missing and config.get("autotune.cache_only"):
         source = "cache_only"
     elif missing:
+        from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
+
         outcome = measure(job, missing, reference, on_record=default_records().put)  # each record kept at once
         records.update({r.choice: r for r in outcome.records})
         measured = {c.hash_key for c in missing}
@@ -177,6 +184,9 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
         report.isolated = outcome.isolated
         source = "tuned"
         tiers.share_records(key)
+    for choice in candidates:
+        if choice.hash_key in records:
+            choice.use_record(records[choice.hash_key].info)
     winner = nearest[0] if nearest is not None else _first_that_builds(_pick(candidates, records, statistic))
     if winner is None:
         if source != "cache_only":

@@ -21,7 +21,7 @@ __all__ = ["InputGenerator", "TensorSpec", "example_input", "example_inputs", "k
 
 # A per-argument replacement for the random data: called as generator(spec, rng), returns an array
 # (or tensor) with the spec's sizes; it is copied into the spec's layout when its own layout differs.
-InputGenerator = Callable[["TensorSpec", np.random.Generator], Any]
+InputGenerator = Callable[["TensorSpec", "np.random.Generator"], Any]  # a string: numpy.random loads lazily
 
 FRAMEWORKS = ("numpy", "torch")
 # Element sizes of torch dtypes that numpy does not have.

@@ -10,6 +10,7 @@ call time, so configurations differing only in them share one compiled artifact.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
@@ -61,6 +62,11 @@ class KernelTemplate:
         self.openmp = openmp
         self.include_dirs = tuple(include_dirs)
         self.describe = describe  # the info column of reports; default: every parameter
+        # What identifies this template's code: choices are keyed by it plus their configuration, so
+        # naming a choice never needs Jinja2 or a render (a warm start renders nothing).
+        self.identity = hashlib.sha256(json.dumps([
+            name, source, signature, language, list(self.flags), openmp, list(self.include_dirs),
+            sorted(self.runtime_params), sorted(self.hooks)]).encode()).hexdigest()
         self._compiled: Any = None
 
     def _render_text(self, text: str, values: Mapping[str, Any], what: str) -> str:
@@ -113,23 +119,45 @@ class KernelTemplate:
 
 
 class TemplateChoice(Choice):
-    """A template rendered with one configuration; building compiles (or loads) it."""
+    """A template with one configuration; rendered when first needed, building compiles (or loads) it.
+
+    Its hash is the template's identity plus the configuration. Once built, `artifact_key` names the
+    compiled artifact (records keep it), and a choice given that key back (`use_record`) loads the
+    artifact directly, without rendering the template or hashing the command line.
+    """
 
     def __init__(self, template: KernelTemplate, config: Mapping[str, Any], name: str) -> None:
         self.template = template
         self.config = dict(config)
         self.name = name
         self.is_native = template.language == "cpp"
-        self.source = template.render(self.config)
-        self.signature = template.render_signature(self.config)
-        runtime = {k: _key_value(v) for k, v in sorted(self.config.items()) if k in template.runtime_params}
-        self._hash = "tpl" + key_hash({
-            "template": template.name, "language": template.language,
-            "source": hashlib.sha256(self.source.encode()).hexdigest(), "signature": self.signature,
-            "flags": list(template.flags), "openmp": template.openmp, "runtime": runtime})
+        self._source: str | None = None
+        self._signature: str | None = None
+        self._hash = "tpl" + key_hash({"template": template.identity,
+                                       "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
+        self.artifact_key: str | None = None  # with entry: where the built code is (records keep both)
+        self.entry: str | None = None
+        self.artifact_hint: tuple[str, str] | None = None
         self._kernel: Callable[..., Any] | None = None
         self._future: Future[Any] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def source(self) -> str:
+        if self._source is None:
+            self._source = self.template.render(self.config)
+        return self._source
+
+    @property
+    def signature(self) -> str:
+        if self._signature is None:
+            self._signature = self.template.render_signature(self.config)
+        return self._signature
+
+    def use_record(self, info: Mapping[str, Any]) -> None:
+        artifact, entry = info.get("artifact"), info.get("entry")
+        if isinstance(artifact, str) and isinstance(entry, str) and self.is_native:
+            self.artifact_hint = (artifact, entry)
 
     @property
     def hash_key(self) -> str:
@@ -158,6 +186,15 @@ class TemplateChoice(Choice):
         self._kernel, self._future, self._lock = None, None, threading.Lock()
 
     def _load(self) -> Callable[..., Any]:
+        if self.artifact_hint is not None:  # a record says where the compiled code is: no render needed
+            from tuneforge.compile.cpp import load_module_by_key
+
+            module = load_module_by_key(self.artifact_hint[0])
+            hinted: Callable[..., Any] | None = getattr(module, self.artifact_hint[1], None) if module else None
+            if hinted is not None:
+                self._kernel = hinted
+                self.artifact_key, self.entry = self.artifact_hint
+                return hinted
         if self.template.language == "python":
             from tuneforge.compile.python import load as load_python
 
@@ -174,6 +211,7 @@ class TemplateChoice(Choice):
         if kernel is None:
             raise TemplateError(f"template {self.template.name!r}: the built module has no function {entry!r}")
         self._kernel = kernel
+        self.artifact_key, self.entry = getattr(module, "tuneforge_key", None), entry
         return kernel
 
     def cpp_build(self) -> Any:

@@ -11,84 +11,17 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tuneforge import config
-from tuneforge.errors import TuneforgeError
-from tuneforge.hashing import system_fingerprint
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
-from tuneforge.tune.bench import Timing, benchmark_cpu
+from tuneforge.tune.bench import benchmark_cpu
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.specs import TensorSpec, example_input
+from tuneforge.tune.job import Event, TrialJob, error_text, make_record
 
 log = logging.getLogger("tuneforge.tune")
-
-Event = tuple[Any, ...]  # ("ref", error|None) ("start", i) ("result", i, Record) ("done", verify_s, bench_s)
-
-
-@dataclass
-class TrialJob:
-    """Everything needed to run trials, as data: picklable when its choices and generators are.
-
-    Either `arg_specs` (+ `out_spec`) describe arguments to generate, or `live_args` holds the caller's
-    own arguments (never sent to another process).
-    """
-
-    name: str
-    key: str
-    outputs: list[int]
-    arg_specs: list[Any] = field(default_factory=list)
-    out_spec: TensorSpec | None = None
-    generators: Mapping[int, Callable[..., Any]] = field(default_factory=dict)
-    rtol: float | None = None
-    atol: float | None = None
-    poison_outputs: bool = True
-    inputs_text: str = ""
-    live_args: list[Any] | None = None
-
-    def materialize(self) -> list[Any]:
-        """The arguments: the live ones, or example inputs from the specs (seeded, RNG-neutral)."""
-        if self.live_args is not None:
-            return self.live_args
-        seed = int(config.get("autotune.seed"))
-        args = [example_input(s, seed=seed + i, generator=self.generators.get(i)) if isinstance(s, TensorSpec)
-                else s for i, s in enumerate(self.arg_specs)]
-        if self.out_spec is not None:
-            args.append(example_input(self.out_spec, seed=seed + len(args)))
-        return args
-
-
-def error_text(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, TuneforgeError) else f"{type(exc).__name__}: {exc}"
-
-
-def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v) for k, v in params.items()}
-
-
-def args_signature(job: TrialJob) -> list[list[Any]]:
-    """Each argument as [dtype, sizes] (scalars as ["scalar:<type>", []]): what "nearest shape" compares."""
-    specs = [*job.arg_specs, *([job.out_spec] if job.out_spec is not None else [])]
-    return [[s.dtype, list(s.sizes)] if isinstance(s, TensorSpec) else [f"scalar:{type(s).__name__}", []]
-            for s in specs]
-
-
-def make_record(job: TrialJob, choice: Choice, status: str, *, timing: Timing | None = None, error: str = "",
-                info: Mapping[str, Any] | None = None) -> Record:
-    stats: dict[str, Any] = {}
-    if timing is not None:
-        stats = {"median_ms": timing.median_ms, "min_ms": timing.min_ms, "mean_ms": timing.mean_ms,
-                 "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "count": timing.count, "method": timing.method}
-    extra: dict[str, Any] = {"family": choice.family}
-    if job.live_args is None:
-        extra["args"] = args_signature(job)
-    return Record(key=job.key, choice=choice.hash_key, op=job.name, choice_name=choice.name, status=status,
-                  error=error[:20000], params=_jsonable(choice.params), inputs=job.inputs_text,
-                  system=system_fingerprint()["hash"], info={**extra, **(info or {})}, **stats)
-
 
 class Trials:
     """Holds the arguments, their initial state and the reference's outputs for a run of trials."""

@@ -26,8 +26,9 @@ def _die_with_parent() -> None:
 
 def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge import config
+    from tuneforge.tune.job import error_text
     from tuneforge.tune.protocol import ChannelClosed, receive, send
-    from tuneforge.tune.trials import error_text, run_trials
+    from tuneforge.tune.trials import run_trials
 
     hello = receive(read_fd)
     for entry in reversed(hello["sys_path"]):
