@@ -31,7 +31,7 @@ from tuneforge.hashing import file_hash
 
 log = logging.getLogger("tuneforge.compile")
 
-PROBE_FORMAT = 4
+PROBE_FORMAT = 5
 _CANDIDATES = ("g++", "clang++", "c++")
 
 
@@ -186,17 +186,18 @@ def openmp_available(toolchain: Toolchain) -> bool:
 
 def _probe(command: tuple[str, ...]) -> Toolchain:
     started = time.perf_counter()
-    try:
-        version_out = run_command([*command, "--version"], timeout=60)
-        target = run_command([*command, "-dumpmachine"], timeout=60).stdout.strip()
+    try:  # one run of `-v` names both the version and the target (a fresh machine pays one fork, not two)
+        verbose = run_command([*command, "-v"], timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
         raise ToolchainError(f"cannot run C++ compiler {' '.join(command)}: {exc}") from None
-    if version_out.returncode != 0:
-        raise ToolchainError(f"{' '.join(command)} --version failed: {version_out.stderr.strip()}")
-    text = version_out.stdout.lower()
-    kind = "clang" if "clang" in text else "gcc" if ("gcc" in text or "g++" in text or "free software" in text) \
-        else "unknown"
-    version = version_out.stdout.strip().splitlines()[0] if version_out.stdout.strip() else "unknown"
+    text = verbose.stderr + verbose.stdout
+    version_line = next((line.strip() for line in text.splitlines() if " version " in line), "")
+    target = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Target:")), "")
+    if verbose.returncode != 0 or not version_line:
+        raise ToolchainError(f"{' '.join(command)} -v does not look like a C++ compiler: {text.strip()[:300]}")
+    lowered = version_line.lower()
+    kind = "clang" if "clang" in lowered else "gcc" if lowered.startswith(("gcc", "g++")) else "unknown"
+    version = version_line
     binary_sha = hashlib.sha256("".join(file_hash(b) for b in command).encode()).hexdigest()
     toolchain = Toolchain(command=command, kind=kind, version=version, target=target,
                           binary_sha256=binary_sha, openmp_flags=("-fopenmp",) if kind in ("gcc", "clang") else None)

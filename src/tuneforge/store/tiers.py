@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,15 +100,24 @@ def share_artifact(entry: Entry) -> None:
 
 
 def remote_records(key: str) -> list[Record]:
-    """The remote's records of `key`, merged into the local database (the better record wins)."""
+    """The remote's records of `key`; they are merged into the local database (the better record wins)
+    by a background thread, so the answer does not wait for local disk writes."""
     cache = remote()
     fetched = cache.get_records(key) if cache is not None else None
     if not fetched:
         return []
     db = default_records()
-    db.import_bundle({"format": "tuneforge-records", "version": 1, "records": [r.to_json() for r in fetched]},
-                     keep="better")
-    return db.get(key)
+    bundle = {"format": "tuneforge-records", "version": 1, "records": [r.to_json() for r in fetched]}
+    # Not a daemon: the interpreter waits for it at exit, so the local copy is never lost.
+    threading.Thread(target=_merge_quietly, args=(db, bundle), name="tuneforge-merge-remote").start()
+    return list(fetched)
+
+
+def _merge_quietly(db: Any, bundle: dict[str, Any]) -> None:
+    try:
+        db.import_bundle(bundle, keep="better")
+    except Exception as exc:  # the local copy is an optimisation: never fail a selection over it
+        log.warning("could not copy remote records into the local database: %s", exc)
 
 
 def share_records(key: str) -> None:
