@@ -58,7 +58,7 @@ def measure_peak(dtype: str, threads: int) -> float:
     from tuneforge.cpuinfo import cpu_info
     from tuneforge.kernels.gemm.space import vector_widths
 
-    vec = vector_widths(cpu_info())[0]
+    vec = vector_widths(cpu_info())[0]  # the widest the kernels may use (kernel_isa setting)
     ctype = "float" if dtype == "float32" else "double"
     lib = tuneforge.cpp.load(PEAK_SOURCE.format(T=ctype, V=vec), openmp=True, flags=["-ffp-contract=fast"])
     import ctypes
@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="4 shapes instead of 10")
+    parser.add_argument("--isa", default="auto", help="cap the kernels' vector ISA (e.g. avx2), as on a CPU "
+                        "without AVX-512")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     shapes = QUICK if args.quick else SHAPES
@@ -148,7 +150,8 @@ def main() -> None:
     for threads in args.threads:
         with tempfile.TemporaryDirectory(prefix="tuneforge-gemm-bench-") as cache:
             env = {**os.environ, "TUNEFORGE_CACHE_DIR": cache, "OPENBLAS_NUM_THREADS": str(threads),
-                   "TUNEFORGE_KERNEL_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+                   "TUNEFORGE_KERNEL_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+                   "TUNEFORGE_KERNEL_ISA": args.isa}
             command = [sys.executable, __file__, "--child", str(threads), "--dtypes", *args.dtypes]
             if args.quick:
                 command.append("--quick")
@@ -165,7 +168,7 @@ def main() -> None:
               f"{r['cold_tune_s']:6.2f}  {r['winner']} {r['winner_info']}")
     peaks = sorted({(r["dtype"], r["threads"], round(r["peak_gflops"], 1)) for r in rows})
     print("measured FMA peak (GFLOP/s): " + ", ".join(f"{d} {t}T {p}" for d, t, p in peaks))
-    out = Path(__file__).parent / "results" / "gemm.json"
+    out = Path(__file__).parent / "results" / ("gemm.json" if args.isa == "auto" else f"gemm-{args.isa}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {out}")

@@ -186,3 +186,12 @@ def test_default_space_size_and_kernel_count() -> None:
                   (1, 4096, 4096)]:
         configs = default_space(Problem(*shape, "float32"))
         assert 3 <= len(configs) <= 20 and kernel_count(configs) <= 6, shape
+
+
+def test_kernel_isa_setting_caps_the_vector_width() -> None:
+    avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
+    with config.patch(kernel_isa="avx2"):
+        assert vector_widths(avx512) == [32]
+        assert {c["VEC_BYTES"] for c in default_space(Problem(256, 256, 256, "float32"), avx512)} == {32}
+    with config.patch(kernel_isa="auto"):
+        assert vector_widths(avx512) == [64, 32]

@@ -92,6 +92,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kernel_threads", parsing.parse_int, parsing.coerce_non_negative_int, 0,
             "Most threads a shipped kernel (gemm) may use; 0: every core this process may use.",
             in_cache_key=False),
+    Setting("kernel_isa", parsing.parse_optional_str, parsing.one_of("auto", "avx512", "avx2", "neon", "sse"),
+            "auto", "Widest vector ISA shipped kernels may use: auto (the widest this CPU has), or a narrower one "
+            "(e.g. avx2 where AVX-512 lowers the clock).", in_cache_key=False),
     # Autotuning: none of these changes a compiled artifact, so none is in the artifact cache key.
     Setting("autotune.verbose", parsing.parse_bool, parsing.coerce_bool, False,
             "Print the AUTOTUNE table on stderr after each benchmarked selection.", in_cache_key=False),

@@ -84,6 +84,16 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Call:
         choice.build().result()
         # The kernel's own argument order ends with (alpha, beta, a, b, c, bias): bind the rest once.
         return functools.partial(choice.kernel(), *static_args(a, b, out, choice.config))
+    if isinstance(choice, ExternChoice) and choice.fn is numpy_gemm:
+        matmul = np.matmul
+
+        def library(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
+            if alpha == 1 and beta == 0 and bias is None:
+                matmul(a, b, out=out)  # the common case, without a layer in between
+            else:
+                numpy_gemm(a, b, alpha, beta, bias, out)
+
+        return library
     return lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out])
 
 

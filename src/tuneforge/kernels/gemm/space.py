@@ -36,16 +36,24 @@ class Problem:
         return 2 * self.m * self.n * self.k
 
 
+_ISA_BYTES = {"avx512": 64, "avx2": 32, "neon": 16, "sse": 16}
+
+
 def vector_widths(cpu: CpuInfo) -> list[int]:
-    """Vector sizes in bytes this CPU runs natively, widest first."""
+    """Vector sizes in bytes this CPU runs natively, widest first (capped by the kernel_isa setting)."""
     if cpu.arch in ("aarch64", "arm64"):
-        return [16] if cpu.has("neon") else []
-    widths = []
-    if cpu.has("avx512f"):
-        widths.append(64)
-    if cpu.has("avx2") and cpu.has("fma"):
-        widths.append(32)
-    return widths or [16]  # SSE2 is part of x86-64
+        widths = [16] if cpu.has("neon") else []
+    else:
+        widths = []
+        if cpu.has("avx512f"):
+            widths.append(64)
+        if cpu.has("avx2") and cpu.has("fma"):
+            widths.append(32)
+        widths = widths or [16]  # SSE2 is part of x86-64
+    cap = str(config.get("kernel_isa"))
+    if cap != "auto":
+        widths = [w for w in widths if w <= _ISA_BYTES[cap]] or widths[-1:]
+    return widths
 
 
 def _registers(vec_bytes: int, cpu: CpuInfo) -> int:
