@@ -26,7 +26,11 @@ class CpuInfo:
     arch: str
     isa: tuple[str, ...]  # sorted, canonical names
     cores: int  # logical CPUs of the machine (not only those this process may use)
-    cache_bytes: dict[str, int] = field(default_factory=dict)  # L1d, L2, L3
+    # L1d, L2, L3 sizes; empty means "read them from the system" (cache_sizes(), only kernels need them)
+    cache_bytes: dict[str, int] = field(default_factory=dict)
+
+    def caches(self) -> dict[str, int]:
+        return self.cache_bytes or cache_sizes()
 
     def has(self, feature: str) -> bool:
         return feature in self.isa
@@ -59,7 +63,8 @@ def _darwin_sysctl(name: str) -> str:
         return ""
 
 
-def _cache_sizes() -> dict[str, int]:
+@functools.lru_cache(maxsize=1)
+def cache_sizes() -> dict[str, int]:
     sizes: dict[str, int] = {}
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     if not base.is_dir():
@@ -95,5 +100,4 @@ def cpu_info() -> CpuInfo:
             raw.add("asimd")  # every Apple silicon core has NEON
     table = _ARM_FEATURES if arch in ("aarch64", "arm64") else _X86_FEATURES
     isa = tuple(sorted({table[f] for f in raw if f in table}))
-    return CpuInfo(model=model or platform.processor() or arch, arch=arch, isa=isa,
-                   cores=os.cpu_count() or 1, cache_bytes=_cache_sizes())
+    return CpuInfo(model=model or platform.processor() or arch, arch=arch, isa=isa, cores=os.cpu_count() or 1)

@@ -134,6 +134,7 @@ def find_compiler() -> tuple[str, ...]:
     raise ToolchainError("no C++ compiler found: install g++ or clang++, or set TUNEFORGE_CPP_CXX")
 
 
+@functools.lru_cache(maxsize=16)
 def _probe_key(command: tuple[str, ...]) -> str:
     cpu = cpuinfo.cpu_info()
     parts: list[str] = [str(PROBE_FORMAT), cpu.model, ",".join(cpu.isa)]

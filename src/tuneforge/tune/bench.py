@@ -147,7 +147,7 @@ def flush_last_level_cache() -> None:
         if _flush_buffer is None:
             from tuneforge.cpuinfo import cpu_info
 
-            nbytes = flush_buffer_bytes(cpu_info().cache_bytes.get("L3"))
+            nbytes = flush_buffer_bytes(cpu_info().caches().get("L3"))
             _flush_buffer = np.zeros(nbytes // 8, dtype=np.int64)
         buffer = _flush_buffer
         buffer += 1

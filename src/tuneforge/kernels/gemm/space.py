@@ -103,9 +103,9 @@ def blocking(p: Problem, vec_bytes: int, mr: int, nv: int, cpu: CpuInfo, kc_scal
     splitting M, at least one MC block per thread."""
     s = p.itemsize
     nr = nv * vec_bytes // s
-    l1 = cpu.cache_bytes.get("L1d", 32 * 1024)
-    l2 = cpu.cache_bytes.get("L2", 512 * 1024)
-    l3 = cpu.cache_bytes.get("L3", 8 * 2**20)
+    l1 = cpu.caches().get("L1d", 32 * 1024)
+    l2 = cpu.caches().get("L2", 512 * 1024)
+    l3 = cpu.caches().get("L3", 8 * 2**20)
     kc = int(l1 * 0.5 * kc_scale / ((mr + nr) * s)) // 8 * 8
     kc = max(32, min(kc, 1024, _round_up(p.k, 8)))
     mc = max(mr, min(int(l2 * 0.5 / (kc * s)) // mr * mr, _round_up(-(-p.m // threads), mr)))
@@ -158,7 +158,7 @@ def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False)
     if p.m > SMALL_M_ROWS[-1]:
         return []
     rows = next(r for r in SMALL_M_ROWS if r >= p.m)
-    l2 = cpu.cache_bytes.get("L2", 512 * 1024)
+    l2 = cpu.caches().get("L2", 512 * 1024)
     configs = []
     widths = vector_widths(cpu) if exhaustive else vector_widths(cpu)[:1]
     blocks = {max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize)))), _round_up(-(-p.n // team), 64)}
