@@ -19,7 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from common import precompile_package
+from common import precompile_package, write_results
 
 KERNEL = r"""
 #include <math.h>
@@ -159,10 +159,7 @@ def main() -> None:
         ratio = f"{value / ref:.3f}x" if ref else ""
         print(f"{name:46} {value:9.2f} {ratio:>8}  {ref_name:10} {target}")
     print(f"(reference: bare g++ compile {results['bare_compile_ms']:.1f} ms, median of {args.repeats})")
-    out = Path(__file__).parent / "results" / "codecache.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"repeats": args.repeats, **results}, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results("codecache", {"repeats": args.repeats, **results})
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+from common import write_results
 
 SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
           (2048, 2048, 2048), (32, 4096, 4096), (4096, 32, 4096), (4096, 4096, 32), (1, 4096, 4096)]
@@ -168,10 +169,7 @@ def main() -> None:
               f"{r['cold_tune_s']:6.2f}  {r['winner']} {r['winner_info']}")
     peaks = sorted({(r["dtype"], r["threads"], round(r["peak_gflops"], 1)) for r in rows})
     print("measured FMA peak (GFLOP/s): " + ", ".join(f"{d} {t}T {p}" for d, t, p in peaks))
-    out = Path(__file__).parent / "results" / ("gemm.json" if args.isa == "auto" else f"gemm-{args.isa}.json")
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(("gemm" if args.isa == "auto" else f"gemm-{args.isa}"), rows)
 
 
 if __name__ == "__main__":

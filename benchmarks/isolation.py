@@ -12,12 +12,12 @@ Prints a table and writes benchmarks/results/isolation.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
+
+from common import write_results
 
 
 def build_wall(n: int, workers: int) -> float:
@@ -99,10 +99,7 @@ def main() -> None:
     print(f"{'figure':58} {'value':>9} {'reference':>10} {'ratio':>7}  target")
     for name, value, ref, target in rows:
         print(f"{name:58} {value:9.3f} {ref:10.3f} {value / ref:6.2f}x  {target}")
-    out = Path(__file__).parent / "results" / "isolation.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results("isolation", results)
 
 
 if __name__ == "__main__":

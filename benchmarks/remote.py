@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.redis_server import RedisServer
 
-from benchmarks.common import precompile_package
+from benchmarks.common import precompile_package, write_results
 
 CHILD = """
 import json, time
@@ -98,10 +98,7 @@ def main() -> None:
     ratio = results["local_hit_first_result_with_remote_ms"] / results["local_hit_first_result_without_remote_ms"]
     print(f"{'warm local cache, no remote: first result':62} "
           f"{results['local_hit_first_result_without_remote_ms']:8.1f}  ratio {ratio:.2f}x (target ~1.0x)")
-    out = Path(__file__).parent / "results" / "remote.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results("remote", results)
 
 
 if __name__ == "__main__":

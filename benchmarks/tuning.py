@@ -17,9 +17,8 @@ import sys
 import tempfile
 import textwrap
 import time
-from pathlib import Path
 
-from common import precompile_package
+from common import precompile_package, write_results
 
 WARM_CHILD = """
 import time
@@ -137,10 +136,7 @@ def main() -> None:
         print(f"{name:52} {value:10.1f}  {ref_text}  {target}")
     print(f"dispatch overhead over a direct call: {results['dispatch_ns'] - results['direct_call_ns']:.0f} ns")
     print("winners: " + "; ".join(results["winners"]))
-    out = Path(__file__).parent / "results" / "tuning.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results("tuning", results)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,22 @@ class ExternChoice(Choice):
         return out
 
 
-class CallableChoice(Choice):
+class ConfiguredChoice(Choice):
+    """A choice made of code plus a configuration: its hash and parameters come from both."""
+
+    config: dict[str, Any]
+    _hash: str
+
+    @property
+    def hash_key(self) -> str:
+        return self._hash
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.config)
+
+
+class CallableChoice(ConfiguredChoice):
     """A Python callable plus a configuration passed as keyword arguments (the `@autotune` configs)."""
 
     def __init__(self, fn: Callable[..., Any], config: Mapping[str, Any], name: str | None = None) -> None:
@@ -162,14 +177,6 @@ class CallableChoice(Choice):
         self._hash = "cfg" + key_hash({"fn": f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}",
                                        "source": _source_hash(fn),
                                        "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
-
-    @property
-    def hash_key(self) -> str:
-        return self._hash
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.config)
 
     @property
     def family(self) -> str:

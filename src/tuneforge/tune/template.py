@@ -18,7 +18,7 @@ from typing import Any
 
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
-from tuneforge.tune.choices import Builder, Choice, _completed, _failed, _key_value
+from tuneforge.tune.choices import Builder, ConfiguredChoice, _completed, _failed, _key_value
 
 Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
 Hook = Callable[[Mapping[str, Any], str], str]
@@ -118,7 +118,7 @@ class KernelTemplate:
         return f"<KernelTemplate {self.name} ({self.language})>"
 
 
-class TemplateChoice(Choice):
+class TemplateChoice(ConfiguredChoice):
     """A template with one configuration; rendered when first needed, building compiles (or loads) it.
 
     Its hash is the template's identity plus the configuration. Once built, `artifact_key` names the
@@ -158,14 +158,6 @@ class TemplateChoice(Choice):
         artifact, entry = info.get("artifact"), info.get("entry")
         if isinstance(artifact, str) and isinstance(entry, str) and self.is_native:
             self.artifact_hint = (artifact, entry)
-
-    @property
-    def hash_key(self) -> str:
-        return self._hash
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.config)
 
     @property
     def family(self) -> str:
