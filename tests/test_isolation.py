@@ -123,7 +123,7 @@ def test_sigint_mid_selection_leaves_store_and_records_consistent(cache_dir: Pat
                 from tuneforge.store.records import RecordDB
                 print(len(RecordDB({str(records_db)!r}, readonly=True).records("interrupted")))
             """)
-            if int(check.stdout) >= 2:
+            if int(check.stdout) >= 1:  # "good" is done; the hang runs next (library calls go last)
                 break
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -145,7 +145,7 @@ def test_sigint_mid_selection_leaves_store_and_records_consistent(cache_dir: Pat
     """).stdout)
     n_keys, all_ok, corrupt, statuses, integrity = report
     assert n_keys >= 3 and all_ok and corrupt == 0 and integrity == "ok"
-    assert statuses == ["ok", "ok"]  # what finished before the interrupt is kept; the hang is not recorded
+    assert statuses == ["ok"]  # what finished before the interrupt is kept; the hang and the rest are not
 
 
 def test_worker_pinned_to_configured_cpus(cache_dir: Path) -> None:

@@ -79,6 +79,8 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         reference = None
     outcome.build_s = time.perf_counter() - started
 
+    # Library calls last: their thread pools can keep spinning after they return (see Trials).
+    built.sort(key=lambda c: c.is_extern)
     remote, local = _split(job, built, reference)
     if remote:
         from tuneforge.tune.runner import run_isolated

@@ -47,6 +47,10 @@ class Trials:
                 log.warning("reference %s failed (%s); choices of %s are not verified", reference.name, exc,
                             job.name)
             verify.restore(args, self.initial)
+            if reference.is_extern:
+                # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
+                # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
+                time.sleep(float(config.get("autotune.settle_s")))
         self.reference = reference
 
     def run(self, choice: Choice) -> Record:
