@@ -106,18 +106,40 @@ def remote_records(key: str) -> list[Record]:
     fetched = cache.get_records(key) if cache is not None else None
     if not fetched:
         return []
-    db = default_records()
     bundle = {"format": "tuneforge-records", "version": 1, "records": [r.to_json() for r in fetched]}
-    # Not a daemon: the interpreter waits for it at exit, so the local copy is never lost.
-    threading.Thread(target=_merge_quietly, args=(db, bundle), name="tuneforge-merge-remote").start()
+    with _merge_lock:
+        _pending_merges.append((default_records(), bundle))
+        global _merge_timer
+        if _merge_timer is None:
+            # Later, off the critical path (sqlite's import and a new database's set-up would delay the
+            # first result through the GIL); at exit at the latest, so the local copy is never lost.
+            _merge_timer = threading.Timer(_MERGE_DELAY_S, merge_pending)
+            _merge_timer.daemon = True
+            _merge_timer.start()
     return list(fetched)
 
 
-def _merge_quietly(db: Any, bundle: dict[str, Any]) -> None:
-    try:
-        db.import_bundle(bundle, keep="better")
-    except Exception as exc:  # the local copy is an optimisation: never fail a selection over it
-        log.warning("could not copy remote records into the local database: %s", exc)
+_MERGE_DELAY_S = 1.0
+_merge_lock = threading.Lock()
+_pending_merges: list[tuple[Any, dict[str, Any]]] = []
+_merge_timer: threading.Timer | None = None
+
+
+def merge_pending() -> None:
+    """Copy remote records fetched so far into the local database (runs late, and at exit)."""
+    global _merge_timer
+    with _merge_lock:
+        pending = list(_pending_merges)
+        _pending_merges.clear()
+        _merge_timer = None
+    for db, bundle in pending:
+        try:
+            db.import_bundle(bundle, keep="better")
+        except Exception as exc:  # the local copy is an optimisation: never fail a selection over it
+            log.warning("could not copy remote records into the local database: %s", exc)
+
+
+atexit.register(merge_pending)
 
 
 def share_records(key: str) -> None:
