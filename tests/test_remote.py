@@ -19,7 +19,7 @@ import pytest
 
 from tuneforge import config
 from tuneforge.errors import ConfigError
-from tuneforge.store import remote, remote_format
+from tuneforge.store import remote, remote_format, remote_support
 from tuneforge.store.entry import make_manifest
 from tuneforge.store.records import Record
 from tuneforge.store.remote import RemoteCache
@@ -64,7 +64,7 @@ def zd(payload: bytes) -> bytes:
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings() -> None:
-    remote._warned.clear()  # one warning per process per kind: each test starts with none given
+    remote_support._warned.clear()  # one warning per process per kind: each test starts with none given
 
 
 @pytest.fixture

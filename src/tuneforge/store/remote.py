@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import hashlib
 import hmac
 import importlib.util
@@ -41,12 +40,10 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from tuneforge import config, parsing
-from tuneforge.errors import ConfigError
 from tuneforge.store.bundle import Record
 from tuneforge.store.remote_format import (
     _MAC_LEN,
@@ -58,6 +55,15 @@ from tuneforge.store.remote_format import (
     decompress,
     join_artifact,
     split_artifact,
+)
+from tuneforge.store.remote_support import (
+    RemoteStats,
+    _checked,
+    _display_url,
+    _Put,
+    _setting_error,
+    _warn_once,
+    reset_after_fork,
 )
 from tuneforge.store.resp import RespError, RespReader
 
@@ -74,66 +80,6 @@ _MAX_KEY_CHARS = 1024
 _SCHEMES = ("redis", "rediss", "unix")
 
 _Status = str  # "ok", "skipped" (breaker open, or closed) or "error"
-
-
-@dataclass
-class RemoteStats:
-    """Counters of one RemoteCache in this process.
-
-    Every get ends in exactly one of hits, misses (not in Redis), rejected (a value that failed its
-    signature, format or checksum), errors (Redis failed or timed out) or skipped (the circuit
-    breaker was open).  Every put ends in exactly one of puts, dropped (queue full, breaker open,
-    too large, inconsistent) or errors.
-    """
-
-    hits: int = 0
-    misses: int = 0
-    errors: int = 0
-    rejected: int = 0
-    puts: int = 0
-    dropped: int = 0
-    skipped: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class _Put:
-    kind: str  # "rec" or "art"
-    key: str
-    encode: Callable[[], bytes | None]  # the body to store, or None (already counted as dropped)
-
-
-# One warning per process for each kind of rejected value; later ones go to the debug log.
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(kind: str, message: str, *args: Any) -> None:
-    with _warned_lock:
-        first = kind not in _warned
-        _warned.add(kind)
-    log.log(logging.WARNING if first else logging.DEBUG, message, *args)
-
-
-def _setting_error(name: str, exc: Exception | str) -> ConfigError:
-    env = "TUNEFORGE_" + name.replace(".", "_").upper()
-    return ConfigError(f"invalid value for setting {name!r} (environment variable {env}): {exc}")
-
-
-def _checked(name: str, coerce: Callable[[Any], Any], value: Any) -> Any:
-    try:
-        return coerce(value)
-    except (TypeError, ValueError) as exc:
-        raise _setting_error(name, exc) from None
-
-
-def _display_url(url: str) -> str:
-    """The URL without its password or query (which may hold one), for logs."""
-    parts = urlsplit(url)
-    _, at, hostport = parts.netloc.rpartition("@")
-    return urlunsplit((parts.scheme, f"***@{hostport}" if at else hostport, parts.path, "", ""))
 
 
 class RemoteCache:
@@ -652,10 +598,10 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _defaults_lock, _warned_lock
+    global _defaults_lock
     _held_gates.clear()  # the child's caches get new gates
     _defaults_lock = threading.Lock()
-    _warned_lock = threading.Lock()
+    reset_after_fork()
     for cache in list(_instances):
         cache._after_fork()
 
