@@ -104,6 +104,20 @@ def _record_to_row(record: Record) -> tuple[Any, ...]:
                  for c in _COLUMNS)
 
 
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """A BEGIN IMMEDIATE transaction: committed if the block ends normally, rolled back otherwise."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
     if code is not None:
@@ -220,8 +234,7 @@ class RecordDB:
         target = len(_MIGRATIONS)
         version = _schema_version(conn, self.path)
         if version < target and not self.readonly:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(conn):
                 version = _schema_version(conn, self.path)  # again, under the write lock
                 if version < target:
                     log.info("record database %s: migrating schema %d -> %d", self.path, version, target)
@@ -229,12 +242,6 @@ class RecordDB:
                     _MIGRATIONS[step](conn)
                     conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?)",
                                  (str(step + 1),))
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
         if version > target:
             raise RecordError(f"record database {self.path} has schema version {version}, newer than this "
                               f"tuneforge supports ({target}); upgrade tuneforge to use it")
@@ -259,16 +266,8 @@ class RecordDB:
                         return default
                     if not write:
                         return fn(conn)
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        result = fn(conn)
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        if conn.in_transaction:
-                            with contextlib.suppress(sqlite3.Error):
-                                conn.execute("ROLLBACK")
-                        raise
-                    return result
+                    with _immediate(conn):
+                        return fn(conn)
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc):
                         raise RecordError(f"record database {self.path}: {exc}") from exc
