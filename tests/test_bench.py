@@ -25,6 +25,18 @@ def test_count_respects_min_and_max_repeats() -> None:
     assert benchmark_cpu(lambda: None, min_repeats=20, max_repeats=4, warmup_s=0.0, budget_s=0.0).count == 4
 
 
+def test_long_runs_stop_after_three_once_max_bench_s_is_spent() -> None:
+    slow = benchmark_cpu(lambda: time.sleep(0.03), warmup_s=0.0, budget_s=0.0, min_repeats=10, max_repeats=50,
+                         max_bench_s=0.05)
+    assert slow.count == 3
+    assert benchmark_cpu(lambda: time.sleep(0.03), warmup_s=0.0, budget_s=0.0, min_repeats=5, max_repeats=50,
+                         max_bench_s=0.0).count == 5  # 0 turns the cap off
+    assert benchmark_cpu(lambda: None, warmup_s=0.0, budget_s=0.0, min_repeats=8, max_repeats=50,
+                         max_bench_s=0.05).count == 8  # fast choices still get min_repeats
+    with config.patch(autotune_max_bench_s=0.02):
+        assert benchmark_cpu(lambda: time.sleep(0.01), warmup_s=0.0, budget_s=0.0, min_repeats=9).count == 3
+
+
 def test_unset_arguments_come_from_settings() -> None:
     with config.patch(autotune_warmup_s=0.0, autotune_bench_time_s=30.0, autotune_min_repeats=1,
                       autotune_max_repeats=9):

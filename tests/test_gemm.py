@@ -188,6 +188,16 @@ def test_default_space_size_and_kernel_count() -> None:
         assert 3 <= len(configs) <= 20 and kernel_count(configs) <= 6, shape
 
 
+def test_thread_counts_in_the_default_space() -> None:
+    def threads(shape: tuple[int, int, int], team: int) -> set[int]:
+        return {c["threads"] for c in default_space(Problem(*shape, "float64"), threads=team)}
+
+    assert threads((64, 64, 64), 2) == {1}  # too little work to share
+    assert threads((512, 512, 512), 2) == {1, 2}
+    assert threads((2048, 2048, 2048), 2) == {2}  # one thread cannot win, and timing it costs seconds
+    assert threads((2048, 2048, 2048), 1) == {1}
+
+
 def test_kernel_isa_setting_caps_the_vector_width() -> None:
     avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
     with config.patch(kernel_isa="avx2"):

@@ -116,6 +116,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Timed runs per choice even when the budget is spent.", in_cache_key=False),
     Setting("autotune.max_repeats", parsing.parse_int, parsing.coerce_positive_int, 1000,
             "At most this many timed runs per choice.", in_cache_key=False),
+    Setting("autotune.max_bench_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.5,
+            "Stop timing a choice once its timed runs have lasted this long and at least 3 were done, even "
+            "below min_repeats: long kernels vary little between runs (0: never).", in_cache_key=False),
     Setting("autotune.abandon_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),

@@ -70,16 +70,20 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+_LONG_RUN_REPEATS = 3  # enough for a median once single runs last a large part of a second
+
+
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
                   warmup_s: float | None = None, budget_s: float | None = None, min_repeats: int | None = None,
                   max_repeats: int | None = None, flush_cache: bool | None = None, warmed: bool = False,
-                  abandon_ms: float | None = None) -> Timing:
+                  abandon_ms: float | None = None, max_bench_s: float | None = None) -> Timing:
     """Time ``fn()`` with wall-clock `time.perf_counter_ns`.
 
     Warm-up: untimed ``setup(); fn()`` runs, at least one, until `warmup_s` has passed (none when the
     caller has just run `fn`, e.g. to verify it: `warmed`). Timed runs stop once at least `min_repeats` were
     done and the timed phase (runs, setups and flushes) has lasted `budget_s`, or at `max_repeats`
-    runs. With `abandon_ms`, a choice whose first two timed runs both exceed it stops there (method
+    runs, or once it has lasted `max_bench_s` with at least 3 runs (a 200 ms kernel needs no 5 runs).
+    With `abandon_ms`, a choice whose first two timed runs both exceed it stops there (method
     ``+abandoned``): it cannot win, and timing it fully would dominate tuning time for large shapes.
     The garbage collector is paused during the timed runs.
     """
@@ -88,6 +92,7 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     min_repeats = config.get("autotune.min_repeats") if min_repeats is None else min_repeats
     max_repeats = config.get("autotune.max_repeats") if max_repeats is None else max_repeats
     flush_cache = config.get("autotune.flush_cache") if flush_cache is None else flush_cache
+    max_bench_s = config.get("autotune.max_bench_s") if max_bench_s is None else max_bench_s
     if max_repeats < 1:
         raise ValueError(f"benchmark_cpu: max_repeats must be at least 1, not {max_repeats}")
     min_repeats = min(min_repeats, max_repeats)
@@ -101,6 +106,7 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
             break
 
     budget_ns = budget_s * 1e9
+    long_ns = max_bench_s * 1e9 if max_bench_s > 0 else float("inf")
     samples_ns: list[int] = []
     abandoned = False
     gc_was_enabled = gc.isenabled()
@@ -122,6 +128,8 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
                 abandoned = True
                 break
             if len(samples_ns) >= min_repeats and t1 - start_ns >= budget_ns:
+                break
+            if len(samples_ns) >= _LONG_RUN_REPEATS and t1 - start_ns >= long_ns:
                 break
     finally:
         if gc_was_enabled:

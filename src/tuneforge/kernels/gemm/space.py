@@ -131,6 +131,8 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     # Packing pays off when a block is reused: skip it where A (or B) is read about once anyway.
     packs = [(1, 1)] if not (small or skinny_m or min(p.n, p.k) <= 64) else [(1, 1), (0, 0), (1, 0)]
     thread_options = [1] if p.flops <= 2 * 96**3 or team == 1 else sorted({1, team}, reverse=True)
+    if p.flops >= 2 * 1024**3:  # every thread has ample work: one thread cannot win, and timing it is slow
+        thread_options = [team]
     chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:3]
     if skinny_m:  # a tall register tile would mostly multiply zero padding
         chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
