@@ -147,5 +147,30 @@ def module_source(source: str, functions: Sequence[str]) -> str:
         f"static PyMethodDef tuneforge_methods[] = {{\n{table}\n  {{NULL, NULL, 0, NULL}}\n}};",
         f'static struct PyModuleDef tuneforge_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '
         "tuneforge_methods};",
-        f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tuneforge_module); }}", "",
+        _init(module, names), "",
+    ])
+
+
+def _init(module: str, names: Sequence[str]) -> str:
+    """PyInit: the module, plus `tuneforge_addresses` mapping each function's name to its C address, so a
+    C caller (a dispatcher) can skip the Python wrapper."""
+    adds = "\n".join(f'  if (tuneforge_add_address(addresses, "{n}", (void*)&{n})) {{ Py_DECREF(m); return NULL; }}'
+                     for n in names)
+    return "\n".join([
+        "static int tuneforge_add_address(PyObject* d, const char* name, void* fn) {",
+        "  PyObject* v = PyLong_FromVoidPtr(fn);",
+        "  int rc = v ? PyDict_SetItemString(d, name, v) : -1;",
+        "  Py_XDECREF(v);",
+        "  return rc;",
+        "}",
+        f"PyMODINIT_FUNC PyInit_{module}(void) {{",
+        "  PyObject* m = PyModule_Create(&tuneforge_module);",
+        "  if (m == NULL) return NULL;",
+        "  PyObject* addresses = PyDict_New();",
+        "  if (addresses == NULL || PyModule_AddObject(m, \"tuneforge_addresses\", addresses) < 0) {",
+        "    Py_XDECREF(addresses); Py_DECREF(m); return NULL;",
+        "  }",
+        adds,
+        "  return m;",
+        "}",
     ])

@@ -10,13 +10,15 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tuneforge.cpuinfo import cpu_info
+from tuneforge.kernels.gemm import dispatch
 from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
-from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, static_args
+from tuneforge.kernels.gemm.template import RUNTIME_PARAMS, SMALL_M, TEMPLATE, static_args
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.select import select
 from tuneforge.tune.template import TemplateChoice
@@ -74,16 +76,34 @@ def _usable(arr: Any) -> Any:
 
 
 Call = Callable[[float, float, Any, Any, Any, Any], None]  # (alpha, beta, a, b, out, bias)
-_dispatch: dict[tuple[Any, ...], Call] = {}
 _lock = threading.Lock()
 
 
-def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Call:
+@dataclass(frozen=True)
+class Prepared:
+    """A tuned layout's call, and how the C dispatcher can make it without Python (dispatch.KERNEL etc.)."""
+    call: Call
+    kind: int
+    address: int = 0
+    params: tuple[int, ...] = ()
+
+
+_dispatch: dict[tuple[Any, ...], Prepared] = {}  # the Python path's table, by layout
+_registered: set[tuple[Any, ...]] = set()  # layouts the C dispatcher has too
+
+
+def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Prepared:
     """A call with everything fixed by the layout already bound (sizes, strides, blocking)."""
     if isinstance(choice, TemplateChoice):
         choice.build().result()
+        kernel = choice.kernel()
         # The kernel's own argument order ends with (alpha, beta, a, b, c, bias): bind the rest once.
-        return functools.partial(choice.kernel(), *static_args(a, b, out, choice.config))
+        bound = functools.partial(kernel, *static_args(a, b, out, choice.config))
+        try:
+            address = dispatch.kernel_address(kernel)
+        except LookupError:
+            return Prepared(bound, dispatch.CALL)
+        return Prepared(bound, dispatch.KERNEL, address, tuple(choice.config[p] for p in RUNTIME_PARAMS))
     if isinstance(choice, ExternChoice) and choice.fn is numpy_gemm:
         matmul = np.matmul
 
@@ -93,8 +113,8 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Call:
             else:
                 numpy_gemm(a, b, alpha, beta, bias, out)
 
-        return library
-    return lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out])
+        return Prepared(library, dispatch.LIBRARY)
+    return Prepared(lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out]), dispatch.CALL)
 
 
 def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
@@ -102,43 +122,84 @@ def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0
     """``out = alpha * a @ b + beta * out + bias`` for 2-D float32/float64 arrays of any strides.
 
     With ``beta == 0`` (the default) `out`'s previous contents are ignored; `bias` is a row vector
-    of length N. Returns `out` (allocated C-contiguous when not given).
+    of length N. Returns `out` (allocated C-contiguous when not given). The first call for a layout
+    tunes (or finds the decision in the caches); later calls go straight to the winner.
     """
+    return _route(a, b, out, alpha, beta, bias, space)
+
+
+def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str) -> Any:
+    """gemm's Python path: the first call of each layout, calls the C path does not take, and every call
+    where the C path could not be built."""
     if out is None:
         if beta != 0:
             raise ValueError("beta != 0 needs an out array to accumulate into")
         out = np.empty((a.shape[0], b.shape[1]) if a.ndim == 2 and b.ndim == 2 else (0, 0), dtype=a.dtype)
-    key = (a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype, out.dtype, beta != 0,
-           bias is None, space)
-    call = _dispatch.get(key)
-    if call is None:
+    try:
+        bias_layout = None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype)
+        key = (type(a), type(b), type(out), a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype,
+               out.dtype, beta != 0, bias_layout, space)
+    except AttributeError:  # not arrays: let the checks name the problem
         _check(a, b, out, bias)
-        call = _tune(key, a, b, out, beta, bias, space)
-    call(alpha, beta, a, b, out, bias)
+        raise
+    prepared = _dispatch.get(key)
+    if prepared is None:
+        _check(a, b, out, bias)
+        prepared = _tune(key, a, b, out, beta, bias, space)
+    elif key not in _registered:  # a layout called again: worth the C path
+        if dispatch.loaded() is not None:
+            _register(key, prepared, a, b, out, beta, bias, space)
+        else:  # not before: finding it costs a compiler probe at least, which a one-call process never needs
+            dispatch.load_in_background(_gemm_python)
+    if not out.flags.writeable:
+        raise ValueError("gemm: out is read-only")
+    # An input that is also (part of) the output would be overwritten while it is read: copy it first.
+    a, b, bias = (x if x is None or not np.may_share_memory(out, x) else np.array(x) for x in (a, b, bias))
+    prepared.call(alpha, beta, a, b, out, bias)
     return out
 
 
-def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, space: str) -> Call:
+_route: Callable[..., Any] = _gemm_python  # the C dispatcher once it is loaded
+
+
+def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, space: str) -> Prepared:
     with _lock:
-        call = _dispatch.get(key)
-        if call is not None:
-            return call
+        prepared = _dispatch.get(key)
+        if prepared is not None:
+            return prepared
         a_t, b_t = _usable(a), _usable(b)
         out_t = out if _usable(out) is out else np.empty(out.shape, out.dtype)
+        bias_t = None if bias is None else np.ascontiguousarray(bias)
         problem = Problem(a.shape[0], b.shape[1], a.shape[1], a.dtype.name)
-        winner = select(op_name(beta, bias), choices(problem, space), [a_t, b_t, 1.0, beta, bias], out=out_t,
+        winner = select(op_name(beta, bias), choices(problem, space), [a_t, b_t, 1.0, beta, bias_t], out=out_t,
                         accumulate=beta != 0)
-        call = _prepare(winner, a_t, b_t, out_t)
-        if a_t is not a or b_t is not b or out_t is not out:  # layouts the kernels cannot take: copy per call
-            call = _with_copies(call)
-        _dispatch[key] = call
-        return call
+        prepared = _prepare(winner, a_t, b_t, out_t)
+        if a_t is not a or b_t is not b or out_t is not out or bias_t is not bias:
+            # layouts the kernels cannot take: copy per call
+            prepared = Prepared(_with_copies(prepared.call), dispatch.CALL)
+        _dispatch[key] = prepared
+        if dispatch.loaded() is not None:
+            _register(key, prepared, a, b, out, beta, bias, space)
+        return prepared
+
+
+def _register(key: tuple[Any, ...], prepared: Prepared, a: Any, b: Any, out: Any, beta: float, bias: Any,
+              space: str) -> None:
+    """Hand a tuned layout to the C dispatcher (it reads the layout from these arrays) and route calls there."""
+    global _route
+    fast = dispatch.loaded()
+    if fast is None or not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+        return
+    fast.register(a, b, out, float(beta), bias, space, prepared.kind, prepared.call, prepared.address,
+                  prepared.params)
+    _registered.add(key)
+    _route = fast.gemm
 
 
 def _with_copies(inner: Call) -> Call:
     def call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
         target = out if _usable(out) is out else np.array(out, order="C")
-        inner(alpha, beta, _usable(a), _usable(b), target, bias)
+        inner(alpha, beta, _usable(a), _usable(b), target, None if bias is None else np.ascontiguousarray(bias))
         if target is not out:
             out[...] = target
 
@@ -149,3 +210,7 @@ def clear_dispatch() -> None:
     """Forget the prepared calls (decisions stay in the record database)."""
     with _lock:
         _dispatch.clear()
+        _registered.clear()
+        fast = dispatch.loaded()
+        if fast is not None:
+            fast.clear()
