@@ -1,13 +1,15 @@
 """GEMM benchmark: tuned tuneforge.gemm vs numpy (OpenBLAS), measured in the same run, 1 and 2 threads.
 
-    python benchmarks/gemm.py [--quick] [--threads 1 2] [--dtypes float32 float64]
+    python benchmarks/gemm.py [--quick] [--threads 1 2] [--dtypes float32 float64] [--isa avx2]
 
 For each dtype, thread count and shape: GFLOP/s of numpy.matmul and of the tuned tuneforge kernel
 (first call tunes the `default` space cold; the figure is the steady state after it), their ratio,
-the share of the machine's peak (measured here with an FMA-throughput microbenchmark), the cold
-tuning time and the winning configuration. Each thread count runs in its own process with
-OPENBLAS_NUM_THREADS / TUNEFORGE_KERNEL_THREADS set, so numpy and tuneforge use the same cores.
-Prints a table and writes benchmarks/results/gemm.json.
+the share of the machine's peak (measured here with an FMA-throughput microbenchmark) and of the
+roofline (the peak, or reading the operands once at the read bandwidth measured here for their size,
+whichever is lower: GEMV is bound by memory), the cold tuning time and the winning configuration.
+Each thread count runs in its own process with OPENBLAS_NUM_THREADS / TUNEFORGE_KERNEL_THREADS set,
+so numpy and tuneforge use the same cores. Prints a table and writes benchmarks/results/gemm.json;
+with --isa avx2, kernels are capped at AVX2 (a CPU without AVX-512) and results go to gemm-avx2.json.
 """
 
 from __future__ import annotations
@@ -23,59 +25,11 @@ import time
 from typing import Any
 
 from common import write_results
+from roofline import attainable_gflops, measure_peak, measure_read_bandwidth, operand_bytes
 
 SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
           (2048, 2048, 2048), (32, 4096, 4096), (4096, 32, 4096), (4096, 4096, 32), (1, 4096, 4096)]
 QUICK = [(64, 64, 64), (512, 512, 512), (32, 4096, 4096), (1, 4096, 4096)]
-
-PEAK_SOURCE = r"""
-#include <stdint.h>
-#include <omp.h>
-typedef {T} vec __attribute__((vector_size({V})));
-// 12 independent FMA chains per thread: enough to fill two FMA pipes of latency 4-5.
-extern "C" double peak(int64_t iters, int threads) {{
-    double total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {{
-        vec acc[12], m = (vec){{}} + ({T})0.9999, a = (vec){{}} + ({T})1e-6;
-        for (int i = 0; i < 12; ++i) acc[i] = (vec){{}} + ({T})i;
-        for (int64_t it = 0; it < iters; ++it) {{
-#pragma GCC unroll 12
-            for (int i = 0; i < 12; ++i) acc[i] = acc[i] * m + a;
-        }}
-        {T} s = 0;
-        for (int i = 0; i < 12; ++i)
-            for (int j = 0; j < (int)(sizeof(vec) / sizeof({T})); ++j) s += acc[i][j];
-        total += s;
-    }}
-    return total;
-}}
-"""
-
-
-def measure_peak(dtype: str, threads: int) -> float:
-    """FMA throughput in GFLOP/s for the widest vectors this CPU runs."""
-    import tuneforge
-    from tuneforge.cpuinfo import cpu_info
-    from tuneforge.kernels.gemm.space import vector_widths
-
-    vec = vector_widths(cpu_info())[0]  # the widest the kernels may use (kernel_isa setting)
-    ctype = "float" if dtype == "float32" else "double"
-    lib = tuneforge.cpp.load(PEAK_SOURCE.format(T=ctype, V=vec), openmp=True, flags=["-ffp-contract=fast"])
-    import ctypes
-
-    lib.peak.restype = ctypes.c_double
-    lib.peak.argtypes = [ctypes.c_int64, ctypes.c_int]
-    lanes = vec // (4 if dtype == "float32" else 8)
-    iters = 20_000_000
-    best = 0.0
-    for _ in range(5):
-        started = time.perf_counter()
-        lib.peak(iters, threads)
-        elapsed = time.perf_counter() - started
-        best = max(best, 2 * 12 * lanes * iters * threads / elapsed / 1e9)
-    return best
-
 
 def steady_gflops(fn: Any, flops: int, budget_s: float = 1.0) -> float:
     fn()
@@ -113,6 +67,8 @@ def child(threads: int, dtypes: list[str], shapes: list[tuple[int, int, int]]) -
             dispatch.wait()
             error = float(np.abs(out - a @ b).max() / max(1.0, float(np.abs(a @ b).max())))
             flops = 2 * m * n * k
+            traffic = operand_bytes(m, n, k, a.itemsize)
+            bandwidth = measure_read_bandwidth(traffic, threads, budget_s=0.3)
             ours, theirs = [], []
             def library(a: Any = a, b: Any = b, out: Any = out) -> None:
                 np.matmul(a, b, out=out)
@@ -128,7 +84,9 @@ def child(threads: int, dtypes: list[str], shapes: list[tuple[int, int, int]]) -
             best = default_records().best(key)
             rows.append({"dtype": dtype, "shape": f"{m}x{n}x{k}", "threads": threads,
                          "numpy_gflops": statistics.median(theirs), "tuneforge_gflops": statistics.median(ours),
-                         "peak_gflops": peak, "cold_tune_s": cold, "max_rel_error": error,
+                         "peak_gflops": peak, "read_gbs": bandwidth,
+                         "attainable_gflops": attainable_gflops(flops, traffic, peak, bandwidth),
+                         "cold_tune_s": cold, "max_rel_error": error,
                          "winner": best.choice_name if best else "?",
                          "winner_info": ", ".join(f"{k}={v}" for k, v in (best.params if best else {}).items()
                                                   if k in ("VEC_BYTES", "MR", "NV", "PACK_A", "PACK_B", "MC", "KC",
@@ -164,12 +122,16 @@ def main() -> None:
                 raise SystemExit(proc.stderr)
             rows += json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"{'dtype':8} {'shape':>16} {'thr':>3} {'numpy':>8} {'tuneforge':>9} {'ratio':>6} {'%peak':>6} "
-          f"{'cold s':>6}  winner")
+          f"{'%roof':>6} {'ceiling':>7} {'cold s':>6}  winner")
     for r in rows:
         ratio = r["tuneforge_gflops"] / r["numpy_gflops"]
+        roof = r["attainable_gflops"]
         print(f"{r['dtype']:8} {r['shape']:>16} {r['threads']:>3} {r['numpy_gflops']:8.1f} "
               f"{r['tuneforge_gflops']:9.1f} {ratio:5.2f}x {100 * r['tuneforge_gflops'] / r['peak_gflops']:5.0f}% "
+              f"{100 * r['tuneforge_gflops'] / roof:5.0f}% {roof / r['numpy_gflops']:6.2f}x "
               f"{r['cold_tune_s']:6.2f}  {r['winner']} {r['winner_info']}")
+    print("%roof: share of the roofline (the lower of the FMA peak and reading A, B and C once at the read "
+          "bandwidth measured for their size); ceiling: the roofline over numpy, the most any kernel could gain")
     peaks = sorted({(r["dtype"], r["threads"], round(r["peak_gflops"], 1)) for r in rows})
     print("measured FMA peak (GFLOP/s): " + ", ".join(f"{d} {t}T {p}" for d, t, p in peaks))
     write_results(("gemm" if args.isa == "auto" else f"gemm-{args.isa}"), rows)

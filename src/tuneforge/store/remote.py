@@ -38,7 +38,6 @@ import struct
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -66,6 +65,7 @@ from tuneforge.store.remote_support import (
     reset_after_fork,
 )
 from tuneforge.store.resp import RespError, RespReader
+from tuneforge.store.write_queue import WriteQueue
 
 __all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "default_remote", "flush_all"]
 
@@ -74,7 +74,6 @@ log = logging.getLogger("tuneforge.store.remote")
 # A stored body may expand to at most this many times max_entry_bytes: a bound on what a hostile
 # frame header can make a reader allocate (unsigned values), far above what real files compress by.
 _MAX_EXPANSION = 16
-_WRITER_IDLE_EXIT_S = 5.0  # the writer thread exits when idle this long; the next put starts another
 _CLOSE_FLUSH_S = 5.0
 _MAX_KEY_CHARS = 1024
 _SCHEMES = ("redis", "rediss", "unix")
@@ -106,8 +105,8 @@ class RemoteCache:
                                              max_entry_bytes)
         self.timeout_s: float = _checked("remote.timeout_s", parsing.coerce_positive_float, timeout_s)
         self.retry_s: float = _checked("remote.retry_s", parsing.coerce_positive_float, retry_s)
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-            raise ValueError(f"queue_size must be an integer >= 1, got {queue_size!r}")
+        self._queue: WriteQueue[_Put] = WriteQueue(self._write, self._lost, size=queue_size,
+                                                   name="tuneforge-remote-writer")
         self.queue_size = queue_size
         self.stats = RemoteStats()
         self._shown_url = _display_url(url)
@@ -129,14 +128,10 @@ class RemoteCache:
         self._down_since: float | None = None  # monotonic time of the first error of this outage
         self._retry_at = 0.0
         self._trial = False  # a trial call is in flight while the breaker is half-open
-        self._cv = threading.Condition(threading.Lock())  # the write-behind queue
-        self._pending: deque[_Put] = deque()
-        self._busy = 0
-        self._thread: threading.Thread | None = None
-        # Held by the writer thread around each write; os.fork() waits for it (see _before_fork), so a
+        # The queue's gate is held around each write; os.fork() waits for it (see _before_fork), so a
         # child is never forked while the writer is inside redis-py, holding its pool lock or half-way
         # through one of its lazy imports (both would be frozen in that state in the child).
-        self._gate = threading.Lock()
+        self._queue.reset()
 
     def __repr__(self) -> str:
         signed = "signed" if self._secret is not None else "unsigned"
@@ -430,41 +425,12 @@ class RemoteCache:
         except Exception as exc:
             self._failed("setup", exc)  # counted as an error
             return
-        with self._cv:
-            if len(self._pending) >= self.queue_size:
-                full = True
-            else:
-                full = False
-                self._pending.append(item)
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._writer, name="tuneforge-remote-writer",
-                                                    daemon=True)
-                    self._thread.start()
-                self._cv.notify()
-        if full:
+        if not self._queue.offer(item):
             self._count("dropped")
             log.debug("remote cache %s: write queue full, dropped the put of %s", self._shown_url, item.key)
 
-    def _writer(self) -> None:
-        while True:
-            with self._cv:
-                while not self._pending:
-                    timed_out = self._closed or not self._cv.wait(_WRITER_IDLE_EXIT_S)
-                    if timed_out and not self._pending:  # closed, or idle: a later put starts a new thread
-                        self._thread = None
-                        return
-                item = self._pending.popleft()
-                self._busy += 1
-            try:
-                with self._gate:
-                    self._write(item)
-            except Exception:  # pragma: no cover - never let the writer die
-                log.exception("remote cache %s: unexpected error writing %s", self._shown_url, item.key)
-                self._count("dropped")
-            finally:
-                with self._cv:
-                    self._busy -= 1
-                    self._cv.notify_all()
+    def _lost(self, item: _Put) -> None:
+        self._count("dropped")
 
     def _write(self, item: _Put) -> None:
         rkey = self._redis_key(item.kind, item.key)
@@ -494,28 +460,14 @@ class RemoteCache:
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued put has been written or dropped; False if ``timeout`` ran out first."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        with self._cv:
-            while self._pending or self._busy:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cv.wait(remaining)
-        return True
+        return self._queue.flush(timeout)
 
     def close(self) -> None:
         """Flush (for a few seconds at most), stop the writer and disconnect; later calls do nothing."""
         self.flush(_CLOSE_FLUSH_S)
-        with self._cv:
-            self._closed = True
-            left = len(self._pending)
-            self._pending.clear()
-            thread = self._thread
-            self._cv.notify_all()
-        for _ in range(left):
+        self._closed = True
+        for _ in self._queue.close(self.timeout_s + 1.0):
             self._count("dropped")
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.timeout_s + 1.0)
         with self._lock:
             client, self._client = self._client, None
             reader, self._reader = self._reader, None
@@ -585,7 +537,7 @@ _FORK_WAIT_S = 10.0  # a fork waits at most this long for writes in flight
 def _before_fork() -> None:
     deadline = time.monotonic() + _FORK_WAIT_S
     for cache in sorted(_instances, key=id):
-        gate = cache._gate
+        gate = cache._queue.gate
         if gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
             _held_gates.append(gate)
         else:  # pragma: no cover - a write stuck for seconds: fork anyway, as without this hook
