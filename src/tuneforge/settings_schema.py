@@ -119,6 +119,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("autotune.max_bench_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.5,
             "Stop timing a choice once its timed runs have lasted this long and at least 3 were done, even "
             "below min_repeats: long kernels vary little between runs (0: never).", in_cache_key=False),
+    Setting("autotune.confirm_margin", parsing.parse_float, parsing.coerce_non_negative_float, 0.1,
+            "Re-time the two fastest choices side by side, in alternating rounds, when they are within this "
+            "fraction of each other (0: never).", in_cache_key=False),
     Setting("autotune.abandon_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),

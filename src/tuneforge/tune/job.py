@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from tuneforge.tune.bench import Timing
 
 
-Event = tuple[Any, ...]  # ("ref", error|None) ("start", i) ("result", i, Record) ("done", verify_s, bench_s)
+# ("ref", error|None) ("start", i) ("result", i, Record) ("confirmed", i, Record) ("done", verify_s, bench_s)
+Event = tuple[Any, ...]
 
 
 @dataclass

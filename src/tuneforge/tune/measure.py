@@ -91,7 +91,7 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         outcome.isolated = True
     if local:
         def emit(event: tuple[object, ...]) -> None:
-            if event[0] == "result":
+            if event[0] in ("result", "confirmed"):
                 assert isinstance(event[2], Record)
                 record(event[2])
             elif event[0] == "done":

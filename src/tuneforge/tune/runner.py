@@ -142,6 +142,8 @@ def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
                         elif event[0] == "result":
                             on_record(event[2])
                             current, resume_at = None, event[1] + 1
+                        elif event[0] == "confirmed":  # a near tie re-timed: replaces an earlier record
+                            on_record(event[2])
                         elif event[0] == "done":
                             verify_s += event[1]
                             bench_s += event[2]

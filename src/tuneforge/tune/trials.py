@@ -8,6 +8,7 @@ crash in the next choice loses nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import traceback
@@ -19,6 +20,7 @@ from tuneforge.store.records import Record
 from tuneforge.tune import verify
 from tuneforge.tune.bench import benchmark_cpu
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.confirm import near_tie, time_side_by_side
 from tuneforge.tune.job import Event, TrialJob, error_text, make_record
 
 log = logging.getLogger("tuneforge.tune")
@@ -99,6 +101,30 @@ class Trials:
             self.best_ms = timing.median_ms
         return make_record(self.job, choice, "ok", timing=timing, info=info)
 
+    def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
+        """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
+        tie = near_tie([(choice, record) for _, choice, record in results], str(config.get("autotune.statistic")))
+        if not tie:
+            return []
+        index = {id(choice): i for i, choice, _ in results}
+        mutated = sorted({m for _, r in tie for m in r.info.get("mutates_inputs", [])})
+        restore = [*self.job.outputs, *mutated]
+        args = self.args
+        typical = min(r.median_ms for _, r in tie if r.median_ms is not None)
+        started = time.perf_counter()
+        try:
+            timings = time_side_by_side([functools.partial(choice.run, args) for choice, _ in tie],
+                                        lambda: verify.restore(args, self.initial, restore), typical,
+                                        [choice.is_extern for choice, _ in tie])
+        except Exception as exc:  # it ran before: keep the first figures
+            log.warning("%s: re-timing the near tie failed (%s); keeping the first timings", self.job.name, exc)
+            return []
+        finally:
+            self.bench_s += time.perf_counter() - started
+            verify.restore(args, self.initial)
+        return [(index[id(choice)], make_record(self.job, choice, "ok", timing=timing, info=record.info))
+                for (choice, record), timing in zip(tie, timings, strict=True)]
+
     def finish(self) -> None:
         verify.restore(self.args, self.original)  # live arguments end as they began
 
@@ -109,9 +135,14 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
     trials = Trials(job, job.materialize(), reference)
     emit(("ref", trials.reference_error))
     try:
+        results = []
         for i, choice in enumerate(choices):
             emit(("start", i))
-            emit(("result", i, trials.run(choice)))
+            record = trials.run(choice)
+            emit(("result", i, record))
+            results.append((i, choice, record))
+        for i, record in trials.confirm(results):
+            emit(("confirmed", i, record))
     finally:
         trials.finish()
     emit(("done", trials.verify_s, trials.bench_s))

@@ -1,0 +1,67 @@
+"""Side-by-side re-timing of a near tie between the two fastest choices.
+
+Choices are first timed one after another, so a drift of the machine between two of them (another
+tenant, a clock change) can reverse their order when they are close. When the two fastest are within
+`autotune.confirm_margin` of each other, they are timed again in alternating rounds, so that the same
+conditions hit both, and their records are replaced by those paired figures (method ``+paired``).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+
+from tuneforge import config
+from tuneforge.store.records import Record
+from tuneforge.tune.bench import Timing
+from tuneforge.tune.choices import Choice
+
+MIN_ROUNDS, MAX_ROUNDS = 3, 15
+ROUND_BATCH_S = 0.002  # each choice runs at least this long per round, so tiny kernels are timed over many runs
+
+
+def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[Choice, Record]]:
+    """The two fastest fully timed choices, if they are within the margin of each other; else []."""
+    margin = float(config.get("autotune.confirm_margin"))
+    timed = [(t, choice, record) for choice, record in results
+             if record.status == "ok" and "+abandoned" not in record.method
+             and (t := record.time(statistic)) is not None]
+    if margin <= 0 or len(timed) < 2:
+        return []
+    timed.sort(key=lambda item: item[0])
+    (best, a, ra), (second, b, rb) = timed[0], timed[1]
+    return [(a, ra), (b, rb)] if second <= best * (1 + margin) else []
+
+
+def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], object], typical_ms: float,
+                      settle_after: Sequence[bool]) -> list[Timing]:
+    """Alternating rounds of each run (each a batch long enough to time), then one Timing per run.
+
+    ``settle_after[i]``: pause for `autotune.settle_s` after run i, because it is a library call whose
+    thread pool may keep spinning and slow down whatever runs next.
+    """
+    batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
+    budget_s = 2 * float(config.get("autotune.bench_time_s"))
+    settle_s = float(config.get("autotune.settle_s"))
+    samples: list[list[float]] = [[] for _ in runs]
+    started = time.perf_counter()
+    rounds = 0
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < budget_s):
+            order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
+            for i in order:
+                for _ in range(batch):
+                    setup()
+                    t0 = time.perf_counter_ns()
+                    runs[i]()
+                    samples[i].append((time.perf_counter_ns() - t0) / 1e6)
+                if settle_after[i] and settle_s > 0:
+                    time.sleep(settle_s)
+            rounds += 1
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return [Timing.from_samples(s, "cpu-perf_counter+paired") for s in samples]

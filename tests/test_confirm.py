@@ -1,0 +1,114 @@
+"""Near ties between the two fastest choices are re-timed side by side."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuneforge import config
+from tuneforge.store.default import default_records
+from tuneforge.store.records import Record
+from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
+from tuneforge.tune.confirm import MIN_ROUNDS, near_tie, time_side_by_side
+from tuneforge.tune.select import clear_memo, select_detailed
+
+
+@pytest.fixture
+def tuning(cache_dir: Path) -> Iterator[Path]:
+    clear_memo()
+    with config.patch(autotune_bench_time_s=0.000001, autotune_warmup_s=0.0, autotune_min_repeats=5,
+                      autotune_isolate=False, autotune_settle_s=0.0):
+        yield cache_dir
+    clear_memo()
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait: steadier than sleep() at a millisecond."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def record(name: str, median_ms: float | None, status: str = "ok", method: str = "cpu-perf_counter") -> Record:
+    return Record(key="k", choice=name, op="op", choice_name=name, status=status, median_ms=median_ms,
+                  min_ms=median_ms, mean_ms=median_ms, method=method)
+
+
+def named(name: str) -> Choice:
+    return CallableChoice(lambda *args: None, {}, name=name)
+
+
+def test_near_tie_takes_the_two_fastest_within_the_margin() -> None:
+    a, b, c, d = named("a"), named("b"), named("c"), named("d")
+    results = [(a, record("a", 1.30)), (b, record("b", 1.0)), (c, record("c", 1.05)), (d, record("d", None, "crash"))]
+    assert [choice for choice, _ in near_tie(results, "median")] == [b, c]
+    far = [(a, record("a", 1.0)), (b, record("b", 1.2))]
+    assert near_tie(far, "median") == []  # 20% apart: no tie at the default 10% margin
+    with config.patch(autotune_confirm_margin=0.25):
+        assert len(near_tie(far, "median")) == 2
+    with config.patch(autotune_confirm_margin=0.0):
+        assert near_tie(results, "median") == []
+    abandoned = [(a, record("a", 1.0)), (b, record("b", 1.01, method="cpu-perf_counter+abandoned"))]
+    assert near_tie(abandoned, "median") == []  # only partly timed: it lost anyway
+
+
+def test_side_by_side_timing_alternates_and_measures_each() -> None:
+    order: list[str] = []
+
+    def fast() -> None:
+        order.append("f")
+        spin(0.0005)
+
+    def slow() -> None:
+        order.append("s")
+        spin(0.001)
+
+    with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.0):
+        first, second = time_side_by_side([fast, slow], lambda: None, typical_ms=1.0, settle_after=[False, True])
+    assert first.method == second.method == "cpu-perf_counter+paired"
+    assert first.count == second.count >= MIN_ROUNDS * 2  # batches of 2 runs: 2 ms of 1 ms runs
+    assert first.median_ms < second.median_ms
+    assert order[:4] == ["f", "f", "s", "s"] and order[4:8] == ["s", "s", "f", "f"]  # the order alternates
+
+
+def test_a_drifted_first_timing_is_corrected(tuning: Path) -> None:
+    """`late` is the faster choice, but the machine was slow while it was first timed: within the margin,
+    the side-by-side rounds find it out."""
+    calls = {"late": 0}
+
+    def steady(a: Any, b: Any, out: Any) -> None:
+        spin(0.0010)
+        np.add(a, b, out=out)
+
+    def late(a: Any, b: Any, out: Any) -> None:
+        calls["late"] += 1
+        spin(0.00105 if calls["late"] <= 6 else 0.0007)  # the first pass: verify + 5 timed runs
+        np.add(a, b, out=out)
+
+    choices = [ExternChoice(steady, name="steady"), ExternChoice(late, name="late")]
+    inputs = [np.ones(16), np.ones(16)]
+    with config.patch(autotune_confirm_margin=0.25):  # room for a noisy machine in the first pass
+        selection = select_detailed("drift", choices, inputs, out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert {r.method for r in records.values()} == {"cpu-perf_counter+paired"}
+    assert selection.choice.name == "late"
+    assert records["late"].median_ms < records["steady"].median_ms
+
+
+def test_without_a_tie_the_first_timings_stand(tuning: Path) -> None:
+    def quick(a: Any, b: Any, out: Any) -> None:
+        np.add(a, b, out=out)
+
+    def sluggish(a: Any, b: Any, out: Any) -> None:
+        spin(0.002)
+        np.add(a, b, out=out)
+
+    choices = [ExternChoice(quick, name="quick"), ExternChoice(sluggish, name="sluggish")]
+    selection = select_detailed("no-tie", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    methods = {r.choice_name: r.method for r in default_records().get(selection.key)}
+    assert selection.choice.name == "quick" and "+paired" not in "".join(methods.values())
