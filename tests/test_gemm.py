@@ -77,7 +77,8 @@ def check_all_configs(m: int, n: int, k: int, dtype: str, layout: str, alpha: fl
     return len(choices)
 
 
-ODD = [(1, 1, 1), (7, 33, 127), (127, 7, 33), (33, 127, 1000), (1000, 1, 7), (1, 1000, 33), (127, 1000, 1)]
+ODD = [(1, 1, 1), (7, 33, 127), (127, 7, 33), (33, 127, 1000), (1000, 1, 7), (1, 1000, 33), (127, 1000, 1),
+       (20, 130, 67)]  # the last: the few-rows kernel in passes of 8 rows (8 + 8 + 4) over column blocks
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -98,6 +99,7 @@ def test_every_default_config_on_transposed_and_offset_inputs(kernels_dir: Path,
 def test_every_default_config_with_alpha_beta_bias(kernels_dir: Path, dtype: str) -> None:
     check_all_configs(33, 127, 65, dtype, "contiguous", alpha=0.5, beta=-2.0, with_bias=True)
     check_all_configs(7, 1000, 33, dtype, "offset", alpha=2.0, beta=1.0)
+    check_all_configs(27, 200, 45, dtype, "transposed", alpha=-1.5, beta=0.5, with_bias=True)
     check_all_configs(127, 7, 1, dtype, "transposed", alpha=1.0, beta=0.0, with_bias=True)
 
 

@@ -152,22 +152,30 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     return list(unique.values())[:20]
 
 
-SMALL_M_ROWS = (1, 2, 4, 8)
+SMALL_M_ROWS = (1, 2, 4, 8)  # rows of C one pass of the few-rows kernel accumulates
+SMALL_M_MAX = 32  # up to this many rows it is worth a try, in passes of 8 over an L3-resident block of B
 
 
 def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False) -> list[dict[str, Any]]:
-    """Configurations of the few-rows kernel (only for M <= 8): it reads B once, contiguously."""
-    if p.m > SMALL_M_ROWS[-1]:
+    """Configurations of the few-rows kernel (M <= 32): it reads B contiguously, once from memory."""
+    if p.m > SMALL_M_MAX:
         return []
-    rows = next(r for r in SMALL_M_ROWS if r >= p.m)
+    rows = next((r for r in SMALL_M_ROWS if r >= p.m), SMALL_M_ROWS[-1])
     l2 = cpu.caches().get("L2", 512 * 1024)
+    l3 = cpu.caches().get("L3", 8 * 2**20)
     configs = []
     widths = vector_widths(cpu) if exhaustive else vector_widths(cpu)[:1]
-    blocks = {max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize)))), _round_up(-(-p.n // team), 64)}
-    # (rows of B streamed at once, software prefetch distance in bytes): measured best on a Zen 5 were
-    # 8 rows with 1 KiB prefetch for float32 and 4-8 rows for float64; hardware differs, so a few.
-    streams = [(8, 1024), (4, 256), (8, 0)] if not exhaustive else list(itertools.product((2, 4, 8, 16),
-                                                                                           (0, 256, 1024, 4096)))
+    if p.m <= rows:  # one pass: column blocks sized for the rows of C kept in L2, or one per thread
+        blocks = {max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize)))), _round_up(-(-p.n // team), 64)}
+        # (rows of B streamed at once, software prefetch distance in bytes): measured best on a Zen 5 were
+        # 8 rows with 1 KiB prefetch for float32 and 4-8 rows for float64; hardware differs, so a few.
+        streams = [(8, 1024), (4, 256), (8, 0)]
+    else:  # several passes over each K x NB block of B, which a quarter of L3 keeps (measured: 256-512 wide)
+        block = max(64, min(p.n, int(l3 * 0.25 / (max(p.k, 1) * p.itemsize))) // 64 * 64)
+        blocks = {block, max(64, block // 2)}
+        streams = [(4, 1024), (8, 1024)]
+    if exhaustive:
+        streams = list(itertools.product((2, 4, 8, 16), (0, 256, 1024, 4096)))
     for vec, (ku, pf), nb, t in itertools.product(widths, streams, sorted(blocks), sorted({1, team})):
         configs.append({"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MMAX": rows, "KU": ku, "PF": pf,
                         "NAME": "tuneforge_gemm", "MC": 0, "KC": 0, "NC": nb, "threads": t, "par": 0})
