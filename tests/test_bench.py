@@ -25,16 +25,25 @@ def test_count_respects_min_and_max_repeats() -> None:
     assert benchmark_cpu(lambda: None, min_repeats=20, max_repeats=4, warmup_s=0.0, budget_s=0.0).count == 4
 
 
-def test_long_runs_stop_after_three_once_max_bench_s_is_spent() -> None:
+def test_long_runs_stop_after_two_once_max_bench_s_is_spent() -> None:
     slow = benchmark_cpu(lambda: time.sleep(0.03), warmup_s=0.0, budget_s=0.0, min_repeats=10, max_repeats=50,
                          max_bench_s=0.05)
-    assert slow.count == 3
+    assert slow.count == 2
     assert benchmark_cpu(lambda: time.sleep(0.03), warmup_s=0.0, budget_s=0.0, min_repeats=5, max_repeats=50,
                          max_bench_s=0.0).count == 5  # 0 turns the cap off
     assert benchmark_cpu(lambda: None, warmup_s=0.0, budget_s=0.0, min_repeats=8, max_repeats=50,
                          max_bench_s=0.05).count == 8  # fast choices still get min_repeats
     with config.patch(autotune_max_bench_s=0.02):
-        assert benchmark_cpu(lambda: time.sleep(0.01), warmup_s=0.0, budget_s=0.0, min_repeats=9).count == 3
+        assert benchmark_cpu(lambda: time.sleep(0.01), warmup_s=0.0, budget_s=0.0, min_repeats=9).count == 2
+
+
+def test_a_long_checked_run_counts_as_the_first_timed_run() -> None:
+    timing = benchmark_cpu(lambda: time.sleep(0.06), warmup_s=0.0, budget_s=0.0, min_repeats=9, max_repeats=50,
+                           max_bench_s=0.1, warmed=True, first_ns=60_000_000)
+    assert timing.count == 2  # the checked run and one more: 120 ms >= max_bench_s
+    short = benchmark_cpu(lambda: None, warmup_s=0.0, budget_s=0.0, min_repeats=3, max_repeats=3, warmed=True,
+                          first_ns=1_000_000)
+    assert short.count == 3 and short.max_ms < 1.0  # a short checked run is not a sample: cold effects
 
 
 def test_unset_arguments_come_from_settings() -> None:

@@ -158,3 +158,17 @@ def test_clear_forgets_every_layout(fast: ModuleType) -> None:
     a = rand(4, 4)
     np.testing.assert_allclose(tuneforge.gemm(a, a), a @ a, rtol=1e-5)  # from the records again
     assert fast.size() == 1
+
+
+def test_a_forked_child_may_load_the_dispatcher_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import threading
+
+    monkeypatch.setattr(dispatch, "_loaded", None)
+    monkeypatch.setattr(dispatch, "_loader", threading.Thread(target=lambda: None))  # "in flight" at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's load has no thread here, so it must be free to start its own
+        os._exit(0 if dispatch._loader is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert dispatch._loader is not None  # the parent is untouched

@@ -70,19 +70,23 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-_LONG_RUN_REPEATS = 3  # enough for a median once single runs last a large part of a second
+_LONG_RUN_REPEATS = 2  # enough once single runs last a large part of a second: their spread is small
+_LONG_RUN_NS = 50_000_000  # a checked run this long counts as a timed run (first-call effects are noise by then)
 
 
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
                   warmup_s: float | None = None, budget_s: float | None = None, min_repeats: int | None = None,
                   max_repeats: int | None = None, flush_cache: bool | None = None, warmed: bool = False,
-                  abandon_ms: float | None = None, max_bench_s: float | None = None) -> Timing:
+                  abandon_ms: float | None = None, max_bench_s: float | None = None,
+                  first_ns: int | None = None) -> Timing:
     """Time ``fn()`` with wall-clock `time.perf_counter_ns`.
 
     Warm-up: untimed ``setup(); fn()`` runs, at least one, until `warmup_s` has passed (none when the
     caller has just run `fn`, e.g. to verify it: `warmed`). Timed runs stop once at least `min_repeats` were
     done and the timed phase (runs, setups and flushes) has lasted `budget_s`, or at `max_repeats`
-    runs, or once it has lasted `max_bench_s` with at least 3 runs (a 200 ms kernel needs no 5 runs).
+    runs, or once it has lasted `max_bench_s` with at least 2 runs (a 300 ms kernel needs no 5 runs).
+    `first_ns`: the duration of a run the caller has just made (the checked run); from 50 ms on it
+    counts as the first timed run.
     With `abandon_ms`, a choice whose first two timed runs both exceed it stops there (method
     ``+abandoned``): it cannot win, and timing it fully would dominate tuning time for large shapes.
     The garbage collector is paused during the timed runs.
@@ -113,6 +117,9 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     gc.disable()
     try:
         start_ns = time.perf_counter_ns()
+        if first_ns is not None and first_ns >= _LONG_RUN_NS:
+            samples_ns.append(first_ns)
+            start_ns -= first_ns
         while True:
             if setup is not None:
                 setup()

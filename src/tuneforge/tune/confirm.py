@@ -43,6 +43,7 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     """
     batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
     budget_s = 2 * float(config.get("autotune.bench_time_s"))
+    long_s = float(config.get("autotune.max_bench_s")) or float("inf")  # long kernels: one round can do
     settle_s = float(config.get("autotune.settle_s"))
     samples: list[list[float]] = [[] for _ in runs]
     started = time.perf_counter()
@@ -51,6 +52,8 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     gc.disable()
     try:
         while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < budget_s):
+            if rounds >= 1 and time.perf_counter() - started >= long_s:
+                break
             order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
             for i in order:
                 for _ in range(batch):

@@ -65,7 +65,9 @@ class Trials:
     def _run(self, choice: Choice, started: float) -> Record:
         args = self.args
         try:
+            run_started = time.perf_counter_ns()
             choice.run(args)
+            checked_ns = time.perf_counter_ns() - run_started
         except Exception as exc:
             self.verify_s += time.perf_counter() - started
             tb = "".join(traceback.format_exception(exc)[-3:])
@@ -92,7 +94,8 @@ class Trials:
         ratio = float(config.get("autotune.abandon_ratio"))
         abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
         try:
-            timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon)
+            timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon,
+                                   first_ns=checked_ns)
         except Exception as exc:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:

@@ -8,6 +8,7 @@ on its Python path, which does the same work more slowly.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,17 @@ def wait(timeout: float | None = None) -> ModuleType | None:
 def loaded() -> ModuleType | None:
     """The dispatcher if it is loaded by now, without waiting."""
     return _loaded
+
+
+def _after_fork_in_child() -> None:
+    # A load in flight in the parent has no thread here: let the child start its own.
+    global _lock, _loader
+    _lock = threading.Lock()
+    if _loaded is None:
+        _loader = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def kernel_address(kernel: Any) -> int:
