@@ -39,16 +39,14 @@ import multiprocessing
 import os
 import queue
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, InvalidStateError, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 from types import TracebackType
 from typing import Any
@@ -56,16 +54,19 @@ from typing import Any
 from tuneforge import config
 from tuneforge.compile import cpp
 from tuneforge.compile.cpp import CppBuild
+from tuneforge.compile.pool_task import Task, progress_wanted, resolve, settings_snapshot
 from tuneforge.compile.pool_worker import (
     KILL_GRACE_S,
     BuildResult,
     executor_processes,
+    exit_description,
     init_worker,
     kill_children,
     read_status,
     run_task,
+    stop_executor,
 )
-from tuneforge.errors import CompileError, ConfigError
+from tuneforge.errors import CompileError
 
 __all__ = ["START_METHODS", "BuildPool", "BuildResult", "default_pool"]
 
@@ -75,66 +76,6 @@ START_METHODS = ("fork", "spawn", "forkserver")
 TIMEOUT_GRACE_S = 30.0  # the pool waits compile_timeout_s + this for one task, then kills its worker
 _TICK_S = 0.2  # how often the dispatcher looks for tasks past their deadline
 _MAX_RESUBMITS = 3  # times a task goes back in the queue because another worker's death broke the pool
-
-
-@dataclass(eq=False)
-class _Task:
-    """One distinct build in flight.  Mutable fields are guarded by the pool's lock."""
-
-    key: str
-    label: str
-    build: CppBuild
-    settings: dict[str, Any]
-    limit_s: float  # compile_timeout_s + TIMEOUT_GRACE_S
-    future: Future[BuildResult]
-    run: int = 0  # id of the current submission to an executor (a resubmitted task gets a new one)
-    executor: ProcessPoolExecutor | None = None  # where the current submission went
-    pid: int | None = None  # the worker running it, once it has reported in
-    started: float | None = None  # time.time() when that worker started it
-    timed_out: bool = False
-    kill_sent: float | None = None
-    resubmits: int = 0
-
-
-def _settings_snapshot() -> dict[str, Any]:
-    """Every setting that is not at its default (set, patched, from the environment or a file)."""
-    settings = config.save()["settings"]
-    assert isinstance(settings, dict)
-    return settings
-
-
-def _progress_setting() -> bool:
-    try:
-        return bool(config.get("compile.progress"))
-    except ConfigError:  # the setting is declared in settings_schema; tolerate its absence
-        return True
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def _resolve(future: Future[BuildResult], outcome: BuildResult | BaseException) -> None:
-    """Complete `future` unless the user cancelled it meanwhile."""
-    with contextlib.suppress(InvalidStateError):
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-
-def _exit_description(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 _pools: weakref.WeakSet[BuildPool] = weakref.WeakSet()
@@ -158,11 +99,11 @@ class BuildPool:
         self._owner_pid = os.getpid()
         self._lock = threading.RLock()
         self._memo: dict[tuple[str, str], Future[BuildResult]] = {}
-        self._tasks: dict[int, _Task] = {}  # run id -> task
+        self._tasks: dict[int, Task] = {}  # run id -> task
         self._runs = itertools.count(1)
         self._executor: ProcessPoolExecutor | None = None
         self._retired: list[ProcessPoolExecutor] = []  # broken ones, to be shut down
-        self._queue: queue.SimpleQueue[_Task | None] | None = None
+        self._queue: queue.SimpleQueue[Task | None] | None = None
         self._dispatcher: threading.Thread | None = None
         self._status_dir: str | None = None
         _pools.add(self)
@@ -194,7 +135,7 @@ class BuildPool:
                                "create a new one (default_pool() does)")
         try:
             key, _ = cpp.artifact_key(build)
-            settings = _settings_snapshot()
+            settings = settings_snapshot()
             limit = float(config.get("compile_timeout_s")) + TIMEOUT_GRACE_S
             memo_key = (key, str(config.get("cache_dir")))
         except Exception as exc:  # e.g. a missing include directory: this build's own failure
@@ -206,7 +147,7 @@ class BuildPool:
             if future is not None and not self._is_stale(future):
                 return future
             future = Future()
-            task = _Task(key=key, label=label or key, build=build, settings=settings, limit_s=limit,
+            task = Task(key=key, label=label or key, build=build, settings=settings, limit_s=limit,
                          future=future, run=next(self._runs))
             self._memo[memo_key] = future
             self._tasks[task.run] = task
@@ -242,7 +183,7 @@ class BuildPool:
 
     def wait(self, futures: Sequence[Future[Any]], *, progress: bool | None = None) -> None:
         """Wait for `futures` (a progress bar as in build_all); Ctrl-C stops the workers and re-raises."""
-        show = progress if progress is not None else (_is_terminal(sys.stderr) and _progress_setting())
+        show = progress if progress is not None else progress_wanted()
         try:
             with self._progress_bar(show, len(futures)) as advance:
                 pending = set(futures)
@@ -292,7 +233,7 @@ class BuildPool:
         for task in tasks:
             task.future.cancel()  # _on_future_done wakes wait() / as_completed() on it
         for executor in executors:
-            _stop_executor(executor)
+            stop_executor(executor)
         if dispatcher is not None and dispatcher is not threading.current_thread():
             dispatcher.join(timeout=5)
         if status_dir is not None:
@@ -314,7 +255,7 @@ class BuildPool:
             return future.done()
         return not os.path.exists(future.result().library_path)
 
-    def _on_future_done(self, memo_key: tuple[str, str], task: _Task, future: Future[BuildResult]) -> None:
+    def _on_future_done(self, memo_key: tuple[str, str], task: Task, future: Future[BuildResult]) -> None:
         if future.cancelled():
             future.set_running_or_notify_cancel()  # a user's cancel(): wake wait() / as_completed()
         if future.cancelled() or future.exception() is not None:
@@ -324,7 +265,7 @@ class BuildPool:
                 if self._tasks.get(task.run) is task and future.cancelled():
                     del self._tasks[task.run]
 
-    def _dispatch_queue(self) -> queue.SimpleQueue[_Task | None]:
+    def _dispatch_queue(self) -> queue.SimpleQueue[Task | None]:
         """The queue of the dispatcher thread, which is started if needed (call with the lock held).
 
         One long-lived thread starts every worker: the parent-death signal of a worker fires when the
@@ -337,7 +278,7 @@ class BuildPool:
             self._dispatcher.start()
         return self._queue
 
-    def _dispatch_loop(self, work: queue.SimpleQueue[_Task | None]) -> None:
+    def _dispatch_loop(self, work: queue.SimpleQueue[Task | None]) -> None:
         while True:
             with self._lock:
                 busy = bool(self._tasks)
@@ -373,7 +314,7 @@ class BuildPool:
                                                  initargs=(parent, self._status_dir))
         return self._executor
 
-    def _start(self, task: _Task) -> None:
+    def _start(self, task: Task) -> None:
         """Submit `task` to the executor (from the dispatcher thread)."""
         for _ in range(2):
             with self._lock:  # held while submitting, so that shutdown() sees every worker started
@@ -393,7 +334,7 @@ class BuildPool:
         self._finish(task, task.executor, CompileError(
             f"C++ build {task.label}: cannot start build worker processes", command=[], stderr="", source_path=None))
 
-    def _on_run_done(self, task: _Task, executor: ProcessPoolExecutor, running: Future[BuildResult]) -> None:
+    def _on_run_done(self, task: Task, executor: ProcessPoolExecutor, running: Future[BuildResult]) -> None:
         """Done callback of an executor future (in the executor's thread or the dispatcher)."""
         try:
             outcome: BuildResult | BaseException = running.result()
@@ -410,14 +351,14 @@ class BuildPool:
                         task.label, outcome.key, task.key)
         self._finish(task, executor, outcome)
 
-    def _finish(self, task: _Task, executor: ProcessPoolExecutor | None, outcome: BuildResult | BaseException) -> None:
+    def _finish(self, task: Task, executor: ProcessPoolExecutor | None, outcome: BuildResult | BaseException) -> None:
         with self._lock:
             if self._tasks.get(task.run) is not task or task.executor is not executor:
                 return  # already dealt with (shut down, resubmitted)
             del self._tasks[task.run]
-        _resolve(task.future, outcome)
+        resolve(task.future, outcome)
 
-    def _requeue(self, task: _Task, executor: ProcessPoolExecutor) -> None:
+    def _requeue(self, task: Task, executor: ProcessPoolExecutor) -> None:
         with self._lock:
             if self._tasks.get(task.run) is not task or task.executor is not executor or self._queue is None:
                 return
@@ -427,7 +368,7 @@ class BuildPool:
             self._tasks[task.run] = task
             self._queue.put(task)
 
-    def _on_broken(self, task: _Task, executor: ProcessPoolExecutor, exc: BrokenProcessPool) -> None:
+    def _on_broken(self, task: Task, executor: ProcessPoolExecutor, exc: BrokenProcessPool) -> None:
         """A worker died: fail the build it was running, resubmit the others of that executor."""
         with self._lock:
             if self._tasks.get(task.run) is not task or task.executor is not executor:
@@ -460,13 +401,13 @@ class BuildPool:
             error.__cause__ = exc
             self._finish(task, executor, error)
 
-    def _broken_error(self, task: _Task, dead: bool, code: int | None, exc: BrokenProcessPool) -> CompileError:
+    def _broken_error(self, task: Task, dead: bool, code: int | None, exc: BrokenProcessPool) -> CompileError:
         if task.timed_out:
             message = (f"C++ build {task.label} timed out: no result after {task.limit_s:g} s "
                        f"(setting compile_timeout_s + {TIMEOUT_GRACE_S:g} s); its worker process was killed")
         elif dead:
             message = (f"C++ build {task.label}: its worker process (pid {task.pid}) died "
-                       f"({_exit_description(code)}) during the build")
+                       f"({exit_description(code)}) during the build")
         else:
             message = (f"C++ build {task.label}: build worker processes died {task.resubmits + 1} times "
                        f"while it was queued or running ({exc})")
@@ -512,26 +453,6 @@ class BuildPool:
         with self._lock:
             status = read_status(self._status_dir) if self._status_dir is not None else {}
             return {t.label: status[run][0] for run, t in self._tasks.items() if run in status}
-
-
-def _stop_executor(executor: ProcessPoolExecutor) -> None:
-    """Stop an executor's workers now: SIGTERM (they kill their compilers), then SIGKILL."""
-    processes = list(executor_processes(executor).values())
-    manager = getattr(executor, "_executor_manager_thread", None)
-    executor.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        if process.exitcode is None:
-            process.terminate()
-    deadline = time.monotonic() + KILL_GRACE_S
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.exitcode is None:
-            kill_children(process.pid)
-            process.kill()
-            process.join(1.0)
-    if isinstance(manager, threading.Thread) and manager is not threading.current_thread():
-        manager.join(timeout=5)
 
 
 # ------------------------------------------------------------------------------------- default pool

@@ -218,3 +218,35 @@ def read_status(status_dir: str) -> dict[int, tuple[int, float]]:
         except (OSError, ValueError):
             continue
     return found
+
+
+def exit_description(code: int | None) -> str:
+    """How a worker process ended, in words (for the error of the build it was running)."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def stop_executor(executor: ProcessPoolExecutor) -> None:
+    """Stop an executor's workers now: SIGTERM (they kill their compilers), then SIGKILL."""
+    processes = list(executor_processes(executor).values())
+    manager = getattr(executor, "_executor_manager_thread", None)
+    executor.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.exitcode is None:
+            process.terminate()
+    deadline = time.monotonic() + KILL_GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.exitcode is None:
+            kill_children(process.pid)
+            process.kill()
+            process.join(1.0)
+    if isinstance(manager, threading.Thread) and manager is not threading.current_thread():
+        manager.join(timeout=5)
