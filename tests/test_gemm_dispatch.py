@@ -86,8 +86,13 @@ def test_kernel_entries_call_the_compiled_code_directly(fast: ModuleType) -> Non
         assert fast.gemm(a, b, c, 1.5, 1.0, bias, "default") is c
         np.testing.assert_allclose(c, 1.5 * (a @ b) + c0 + bias, rtol=1e-12)
         assert calls == []
+        c0 = c.copy()
+        fast.gemm(a, b, c, np.float64(0.5), 2, bias, "default")  # numpy.float64 and int scalars are taken too
+        np.testing.assert_allclose(c, 0.5 * (a @ b) + 2 * c0 + bias, rtol=1e-12)
+        assert calls == []
         fast.gemm(a, b, c, 1.0, 1.0, bias[::-1].copy()[::-1], "default")  # negative-stride bias: refused
-        assert len(calls) == 1
+        fast.gemm(a, b, c, np.float32(1.0), 1.0, bias, "default")  # a float32 scalar: the Python path
+        assert len(calls) == 2
     finally:
         fast.init(op._gemm_python, np.matmul)
 

@@ -65,7 +65,7 @@ int space_index(PyObject* space) {
 }
 
 bool as_double(PyObject* obj, double* out) {
-    if (PyFloat_CheckExact(obj)) {
+    if (PyFloat_Check(obj)) {  // float and its subclasses (numpy.float64)
         *out = PyFloat_AS_DOUBLE(obj);
         return true;
     }
