@@ -154,9 +154,22 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     if not out.flags.writeable:
         raise ValueError("gemm: out is read-only")
     # An input that is also (part of) the output would be overwritten while it is read: copy it first.
-    a, b, bias = (x if x is None or not np.may_share_memory(out, x) else np.array(x) for x in (a, b, bias))
+    if _overlaps(out, a):
+        a = np.array(a)
+    if _overlaps(out, b):
+        b = np.array(b)
+    if bias is not None and _overlaps(out, bias):
+        bias = np.array(bias)
     prepared.call(alpha, beta, a, b, out, bias)
     return out
+
+
+def _overlaps(out: Any, x: Any) -> bool:
+    if x is out:
+        return True
+    if x.base is None and out.base is None:  # two arrays that own their memory: distinct allocations
+        return False
+    return bool(np.may_share_memory(out, x))
 
 
 _route: Callable[..., Any] = _gemm_python  # the C dispatcher once it is loaded
