@@ -125,8 +125,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("autotune.abandon_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),
-    Setting("autotune.settle_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.1,
-            "Pause after the library reference runs, so its thread pool is idle before kernels are timed.",
+    Setting("autotune.settle_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.2,
+            "Pause after a library call is timed, so its thread pool is idle before kernels are timed "
+            "(OpenBLAS's threads spin for about 0.1-0.15 s after a call).",
             in_cache_key=False),
     Setting("autotune.flush_cache", parsing.parse_bool, parsing.coerce_bool, False,
             "Evict the last-level cache before every timed run (cold-cache timings).", in_cache_key=False),

@@ -18,6 +18,12 @@ from tuneforge.tune.bench import Timing
 from tuneforge.tune.choices import Choice
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 15
+# An OpenMP runtime's threads spin for a few ms after a parallel region (libgomp: ~5 ms measured on a
+# Zen 5), slowing a library call that runs right after: a short pause after each kernel's batch.
+KERNEL_PAUSE_S = 0.01
+# After a pause, the first run of a multi-threaded kernel is slower (sleeping threads, an idle core):
+# each batch starts with an untimed run, except for long runs, where that costs more than it skews.
+WARM_UP_BELOW_MS = 50.0
 ROUND_BATCH_S = 0.002  # each choice runs at least this long per round, so tiny kernels are timed over many runs
 
 
@@ -39,13 +45,16 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     """Alternating rounds of each run (each a batch long enough to time), then one Timing per run.
 
     ``settle_after[i]``: pause for `autotune.settle_s` after run i, because it is a library call whose
-    thread pool may keep spinning and slow down whatever runs next.
+    thread pool may keep spinning and slow down whatever runs next; after the others, KERNEL_PAUSE_S.
     """
     batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
+    warm_up = typical_ms < WARM_UP_BELOW_MS
     budget_s = 2 * float(config.get("autotune.bench_time_s"))
     long_s = float(config.get("autotune.max_bench_s")) or float("inf")  # long kernels: one round can do
     settle_s = float(config.get("autotune.settle_s"))
     samples: list[list[float]] = [[] for _ in runs]
+    if settle_s > 0:  # the first pass ends with the library calls: let their threads go idle
+        time.sleep(settle_s)
     started = time.perf_counter()
     rounds = 0
     gc_was_enabled = gc.isenabled()
@@ -56,13 +65,17 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                 break
             order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
             for i in order:
+                if warm_up:  # untimed: wakes the thread pool and the core up after the pause
+                    setup()
+                    runs[i]()
                 for _ in range(batch):
                     setup()
                     t0 = time.perf_counter_ns()
                     runs[i]()
                     samples[i].append((time.perf_counter_ns() - t0) / 1e6)
-                if settle_after[i] and settle_s > 0:
-                    time.sleep(settle_s)
+                pause = settle_s if settle_after[i] else min(settle_s, KERNEL_PAUSE_S)
+                if pause > 0:
+                    time.sleep(pause)
             rounds += 1
     finally:
         if gc_was_enabled:
