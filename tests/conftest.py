@@ -60,3 +60,16 @@ def wrapper_compiler(tmp_path: Path) -> Path:
 
 
 from .redis_server import redis_clean, redis_private, redis_url  # noqa: E402, F401
+
+
+@pytest.fixture
+def gemm_tuning(cache_dir: Path) -> Iterator[Path]:
+    """For tuneforge.gemm tests: fast benchmarks, an empty cache, no memo and no prepared calls."""
+    from tuneforge.kernels.gemm import clear_dispatch
+    from tuneforge.tune.select import clear_memo
+
+    clear_memo()
+    clear_dispatch()
+    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
+        yield cache_dir
+    clear_dispatch()

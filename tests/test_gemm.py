@@ -15,10 +15,9 @@ import tuneforge
 from tuneforge import config
 from tuneforge.compile.pool import default_pool
 from tuneforge.cpuinfo import cpu_info
-from tuneforge.kernels.gemm import Problem, clear_dispatch, default_space, exhaustive_space, vector_widths
+from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space, vector_widths
 from tuneforge.kernels.gemm import choices as gemm_choices
 from tuneforge.kernels.gemm.template import launch
-from tuneforge.tune.select import clear_memo
 from tuneforge.tune.template import TemplateChoice
 
 from .conftest import run_python
@@ -30,15 +29,6 @@ def kernels_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("gemm-kernels")
     with config.patch(cache_dir=root):
         yield root
-
-
-@pytest.fixture
-def tuning(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
-    clear_dispatch()
-    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
-        yield cache_dir
-    clear_dispatch()
 
 
 def operands(m: int, n: int, k: int, dtype: str, layout: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +104,7 @@ def test_beta_zero_ignores_nan_in_out(kernels_dir: Path) -> None:
         assert np.isfinite(out).all(), choice.info
 
 
-def test_gemm_op_tunes_then_dispatches(tuning: Path) -> None:
+def test_gemm_op_tunes_then_dispatches(gemm_tuning: Path) -> None:
     a, b = operands(64, 48, 32, "float32", "contiguous")
     out = tuneforge.gemm(a, b)
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
@@ -131,7 +121,7 @@ def test_gemm_op_tunes_then_dispatches(tuning: Path) -> None:
     assert len({r.key for r in default_records().records() if r.op == "gemm"}) == 2
 
 
-def test_gemm_rejects_bad_input(tuning: Path) -> None:
+def test_gemm_rejects_bad_input(gemm_tuning: Path) -> None:
     a = np.ones((3, 4), dtype=np.float32)
     with pytest.raises(ValueError, match=r"A\[M,K\] and B\[K,N\]"):
         tuneforge.gemm(a, np.ones((5, 2), dtype=np.float32))
@@ -143,12 +133,12 @@ def test_gemm_rejects_bad_input(tuning: Path) -> None:
         tuneforge.gemm(a, np.ones((4, 2), dtype=np.float32), beta=1.0)
 
 
-def test_negative_strides_are_copied(tuning: Path) -> None:
+def test_negative_strides_are_copied(gemm_tuning: Path) -> None:
     a, b = operands(16, 24, 8, "float64", "contiguous")
     np.testing.assert_allclose(tuneforge.gemm(a[::-1], b[:, ::-1]), a[::-1] @ b[:, ::-1], rtol=1e-12)
 
 
-def test_fresh_process_uses_caches_without_building_or_benchmarking(tuning: Path, wrapper_compiler: Path) -> None:
+def test_fresh_process_uses_caches_without_building_or_benchmarking(gemm_tuning: Path, wrapper_compiler: Path) -> None:
     code = """
         import json, numpy as np
         import tuneforge
@@ -158,13 +148,13 @@ def test_fresh_process_uses_caches_without_building_or_benchmarking(tuning: Path
         with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_log={log!r}):
             c = tuneforge.gemm(a, b)
         print(json.dumps([float(c[0, 0]), default_store().stats().puts, default_records().count()]))
-    """.format(log=str(tuning / "log.jsonl"))
+    """.format(log=str(gemm_tuning / "log.jsonl"))
     env = {"TUNEFORGE_CPP_CXX": str(wrapper_compiler)}
     first = json.loads(run_python(code, env=env).stdout)
     second = json.loads(run_python(code, env={**env, "TUNEFORGE_TEST_FORBID_COMPILE": "1"}).stdout)
     assert first[0] == second[0] == 80.0
     assert second[1] == first[1] and second[2] == first[2]  # nothing built, nothing measured
-    sources = [json.loads(line)["source"] for line in (tuning / "log.jsonl").read_text().splitlines()]
+    sources = [json.loads(line)["source"] for line in (gemm_tuning / "log.jsonl").read_text().splitlines()]
     assert sources == ["tuned", "records"]
 
 

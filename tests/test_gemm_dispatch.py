@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -11,22 +10,11 @@ import numpy as np
 import pytest
 
 import tuneforge
-from tuneforge import config
 from tuneforge.kernels.gemm import clear_dispatch, dispatch, op
-from tuneforge.tune.select import clear_memo
 
 
 @pytest.fixture
-def tuning(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
-    clear_dispatch()
-    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
-        yield cache_dir
-    clear_dispatch()
-
-
-@pytest.fixture
-def fast(tuning: Path) -> ModuleType:
+def fast(gemm_tuning: Path) -> ModuleType:
     """The dispatcher, after one tuned call has loaded it."""
     a = np.ones((4, 4), dtype=np.float32)
     tuneforge.gemm(a, a)  # tunes
