@@ -42,16 +42,18 @@ class BuildResult:
 # ------------------------------------------------------------------------------------ process helpers
 
 
+def _numbered(directory: str) -> list[str]:
+    """The entries of `directory` named by a number (process ids, run ids); none if it cannot be read."""
+    try:
+        return [name for name in os.listdir(directory) if name.isdigit()]
+    except OSError:
+        return []
+
+
 def children(pid: int) -> list[int]:
     """Child process ids of `pid` (Linux /proc; an empty list elsewhere)."""
     found: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
+    for name in _numbered("/proc"):
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
@@ -204,13 +206,7 @@ def run_task(run: int, build: CppBuild, settings: dict[str, Any]) -> BuildResult
 def read_status(status_dir: str) -> dict[int, tuple[int, float]]:
     """run id -> (worker pid, start time) of the runs that workers have started and not finished."""
     found: dict[int, tuple[int, float]] = {}
-    try:
-        names = os.listdir(status_dir)
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
+    for name in _numbered(status_dir):
         try:
             with open(os.path.join(status_dir, name)) as f:
                 run, started = f.read().split()
