@@ -1,6 +1,7 @@
 """GEMM benchmark: tuned tuneforge.gemm vs numpy (OpenBLAS), measured in the same run, 1 and 2 threads.
 
-    python benchmarks/gemm.py [--quick] [--threads 1 2] [--dtypes float32 float64] [--isa avx2]
+    python benchmarks/gemm.py [--quick | --shapes 1x4096x4096 ...] [--threads 1 2] [--dtypes float32 float64]
+                              [--isa avx2]
 
 For each dtype, thread count and shape: GFLOP/s of numpy.matmul and of the tuned tuneforge kernel
 (first call tunes the `default` space cold; the figure is the steady state after it), their ratio,
@@ -9,7 +10,8 @@ roofline (the peak, or reading the operands once at the read bandwidth measured 
 whichever is lower: GEMV is bound by memory), the cold tuning time and the winning configuration.
 Each thread count runs in its own process with OPENBLAS_NUM_THREADS / TUNEFORGE_KERNEL_THREADS set,
 so numpy and tuneforge use the same cores. Prints a table and writes benchmarks/results/gemm.json;
-with --isa avx2, kernels are capped at AVX2 (a CPU without AVX-512) and results go to gemm-avx2.json.
+with --isa avx2, kernels are capped at AVX2 (a CPU without AVX-512) and results go to gemm-avx2.json;
+a run of fewer shapes (--quick, --shapes) writes gemm[-avx2]-subset.json.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ from roofline import attainable_gflops, measure_peak, measure_read_bandwidth, op
 SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
           (2048, 2048, 2048), (32, 4096, 4096), (4096, 32, 4096), (4096, 4096, 32), (1, 4096, 4096)]
 QUICK = [(64, 64, 64), (512, 512, 512), (32, 4096, 4096), (1, 4096, 4096)]
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, n, k = (int(size) for size in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxNxK (three integers, as in 512x512x512)") from None
+    return m, n, k
+
 
 def steady_gflops(fn: Any, flops: int, budget_s: float = 1.0) -> float:
     fn()
@@ -100,11 +110,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="4 shapes instead of 10")
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, help="MxNxK shapes instead of the 10")
     parser.add_argument("--isa", default="auto", help="cap the kernels' vector ISA (e.g. avx2), as on a CPU "
                         "without AVX-512")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    shapes = QUICK if args.quick else SHAPES
+    shapes = args.shapes or (QUICK if args.quick else SHAPES)
     if args.child is not None:
         print(json.dumps(child(args.child, args.dtypes, shapes)))
         return
@@ -114,9 +125,8 @@ def main() -> None:
             env = {**os.environ, "TUNEFORGE_CACHE_DIR": cache, "OPENBLAS_NUM_THREADS": str(threads),
                    "TUNEFORGE_KERNEL_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
                    "TUNEFORGE_KERNEL_ISA": args.isa}
-            command = [sys.executable, __file__, "--child", str(threads), "--dtypes", *args.dtypes]
-            if args.quick:
-                command.append("--quick")
+            command = [sys.executable, __file__, "--child", str(threads), "--dtypes", *args.dtypes,
+                       "--shapes", *("x".join(map(str, shape)) for shape in shapes)]
             proc = subprocess.run(command, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr)
@@ -134,7 +144,8 @@ def main() -> None:
           "bandwidth measured for their size); ceiling: the roofline over numpy, the most any kernel could gain")
     peaks = sorted({(r["dtype"], r["threads"], round(r["peak_gflops"], 1)) for r in rows})
     print("measured FMA peak (GFLOP/s): " + ", ".join(f"{d} {t}T {p}" for d, t, p in peaks))
-    write_results(("gemm" if args.isa == "auto" else f"gemm-{args.isa}"), rows)
+    name = "gemm" if args.isa == "auto" else f"gemm-{args.isa}"
+    write_results(name if shapes == SHAPES else f"{name}-subset", rows)
 
 
 if __name__ == "__main__":
