@@ -83,7 +83,8 @@ def describe(config_: dict[str, Any]) -> str:
     """The AUTOTUNE table's info column: the tunables, compactly."""
     isa = {64: "avx512", 32: "avx2", 16: "sse/neon"}.get(config_["VEC_BYTES"], str(config_["VEC_BYTES"]))
     if "MMAX" in config_:
-        return (f"{isa} rows<={config_['MMAX']} stream B x{config_['KU']} prefetch={config_['PF']} "
+        return (f"{isa} rows<={config_['MMAX']} stream B x{config_['KU']}{' far' if config_['FAR'] else ''} "
+                f"prefetch={config_['PF']} "
                 f"NB={config_['NC']} t={config_['threads']}")
     packs = "AB" if config_["PACK_A"] and config_["PACK_B"] else "A" if config_["PACK_A"] else \
         "B" if config_["PACK_B"] else "-"
@@ -165,19 +166,22 @@ def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False)
     l3 = cpu.caches().get("L3", 8 * 2**20)
     configs = []
     widths = vector_widths(cpu) if exhaustive else vector_widths(cpu)[:1]
-    if p.m <= rows:  # one pass: column blocks sized for the rows of C kept in L2, or one per thread
-        blocks = {max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize)))), _round_up(-(-p.n // team), 64)}
-        # (rows of B streamed at once, software prefetch distance in bytes): measured best on a Zen 5 were
-        # 8 rows with 1 KiB prefetch for float32 and 4-8 rows for float64; hardware differs, so a few.
-        streams = [(8, 1024), (4, 256), (8, 0)]
+    threads = sorted({1, team})
+    if p.m <= rows:  # one pass: column blocks sized for the rows of C kept in L2, and at least one per thread
+        block = max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize))))
+        layouts = [(min(block, _round_up(-(-p.n // t), 64)), t) for t in threads]
+        # (rows of B streamed at once, software prefetch distance in bytes, rows far apart): measured best on
+        # a Zen 5 were 4-5 far-apart rows with 256 B prefetch on one core (1.2-1.35x numpy) and without
+        # prefetch on two; adjacent rows are the hedge for prefetchers that favour one stream.
+        streams = [(4, 256, 1), (5, 256, 1), (4, 0, 1), (8, 1024, 0)]
     else:  # several passes over each K x NB block of B, which a quarter of L3 keeps (measured: 256-512 wide)
         block = max(64, min(p.n, int(l3 * 0.25 / (max(p.k, 1) * p.itemsize))) // 64 * 64)
-        blocks = {block, max(64, block // 2)}
-        streams = [(4, 1024), (8, 1024)]
+        layouts = list(itertools.product(sorted({block, max(64, block // 2)}), threads))
+        streams = [(4, 1024, 0), (8, 1024, 0)]
     if exhaustive:
-        streams = list(itertools.product((2, 4, 8, 16), (0, 256, 1024, 4096)))
-    for vec, (ku, pf), nb, t in itertools.product(widths, streams, sorted(blocks), sorted({1, team})):
-        configs.append({"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MMAX": rows, "KU": ku, "PF": pf,
+        streams = list(itertools.product((2, 4, 5, 8, 16), (0, 256, 1024, 4096), (0, 1)))
+    for vec, (ku, pf, far), (nb, t) in itertools.product(widths, streams, layouts):
+        configs.append({"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MMAX": rows, "KU": ku, "PF": pf, "FAR": far,
                         "NAME": "tuneforge_gemm", "MC": 0, "KC": 0, "NC": nb, "threads": t, "par": 0})
     return configs
 
