@@ -17,7 +17,8 @@ from tuneforge.compile.pool import default_pool
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space, vector_widths
 from tuneforge.kernels.gemm import choices as gemm_choices
-from tuneforge.kernels.gemm.template import launch
+from tuneforge.kernels.gemm.space import small_m_space
+from tuneforge.kernels.gemm.template import SMALL_M, launch
 from tuneforge.tune.template import TemplateChoice
 
 from .conftest import run_python
@@ -49,6 +50,12 @@ def expected(a: np.ndarray, b: np.ndarray, alpha: float, beta: float, c0: np.nda
 
 def check_all_configs(m: int, n: int, k: int, dtype: str, layout: str, alpha: float = 1.0, beta: float = 0.0,
                       with_bias: bool = False) -> int:
+    choices = [c for c in gemm_choices(Problem(m, n, k, dtype)) if isinstance(c, TemplateChoice)]
+    return check_choices(choices, m, n, k, dtype, layout, alpha, beta, with_bias)
+
+
+def check_choices(choices: list[TemplateChoice], m: int, n: int, k: int, dtype: str, layout: str, alpha: float = 1.0,
+                  beta: float = 0.0, with_bias: bool = False) -> int:
     a, b = operands(m, n, k, dtype, layout)
     rng = np.random.default_rng(1)
     c0 = rng.standard_normal((m, n)).astype(dtype)
@@ -56,7 +63,6 @@ def check_all_configs(m: int, n: int, k: int, dtype: str, layout: str, alpha: fl
     want = expected(a, b, alpha, beta, c0, bias)
     tol = 2e-4 if dtype == "float32" else 1e-10
     scale = max(1.0, float(np.abs(want).max()))
-    choices = [c for c in gemm_choices(Problem(m, n, k, dtype)) if isinstance(c, TemplateChoice)]
     pool = default_pool()
     pool.wait([choice.build(pool) for choice in choices])  # compile in parallel; shared kernels build once
     for choice in choices:
@@ -91,6 +97,15 @@ def test_every_default_config_with_alpha_beta_bias(kernels_dir: Path, dtype: str
     check_all_configs(7, 1000, 33, dtype, "offset", alpha=2.0, beta=1.0)
     check_all_configs(27, 200, 45, dtype, "transposed", alpha=-1.5, beta=0.5, with_bias=True)
     check_all_configs(127, 7, 1, dtype, "transposed", alpha=1.0, beta=0.0, with_bias=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_few_rows_kernel_with_threads_splitting_the_depth(kernels_dir: Path, dtype: str) -> None:
+    # Three threads over uneven parts of K, one pass (M <= 8) and several (M = 20); every stream layout.
+    for (m, n, k), layout in [((1, 77, 301), "contiguous"), ((5, 130, 1000), "offset"), ((20, 50, 400), "transposed")]:
+        configs = [dict(c, threads=3, par=1) for c in small_m_space(Problem(m, n, k, dtype), cpu_info(), 3)]
+        assert {c["FAR"] for c in configs} == ({0, 1} if m <= 8 else {0})
+        check_choices(SMALL_M.choices(configs), m, n, k, dtype, layout, alpha=0.5, beta=-1.0, with_bias=True)
 
 
 def test_beta_zero_ignores_nan_in_out(kernels_dir: Path) -> None:
