@@ -207,8 +207,8 @@ class ArtifactStore:
         if existing is not None:
             return existing
         self._cleanup_temp_once()
-        staging = self._new_staging(key)
-        try:
+
+        def write_files(staging: Path) -> dict[str, dict[str, Any]]:
             table: dict[str, dict[str, Any]] = {}
             for name, value in files.items():
                 if isinstance(value, Path):
@@ -220,9 +220,9 @@ class ArtifactStore:
                 else:
                     raise StoreError(f"file {name!r}: need bytes, str or Path, not {type(value).__name__}")
                 table[name] = {"size": size, "sha256": digest}
-            entry, published = self._publish(key, staging, table, meta_d, inputs_d)
-        finally:
-            fs.remove_path(staging)
+            return table
+
+        entry, published = self._stage_and_publish(key, write_files, meta_d, inputs_d)
         if published:
             self._after_put(key)
         return entry
@@ -250,18 +250,28 @@ class ArtifactStore:
                 return entry
             self._stats.add("misses")
             self._cleanup_temp_once()
-            staging = self._new_staging(key)
-            try:
+
+            def run_build(staging: Path) -> dict[str, dict[str, Any]]:
                 extra = build(staging)
                 if extra is not None:
                     meta_d.update(json_dict(extra, f"meta returned by the build of {key!r}"))
-                table = self._scan_staging(key, staging)
-                entry, published = self._publish(key, staging, table, meta_d, inputs_d)
-            finally:
-                fs.remove_path(staging)
+                return self._scan_staging(key, staging)
+
+            entry, published = self._stage_and_publish(key, run_build, meta_d, inputs_d)
         if published:
             self._after_put(key)
         return entry
+
+    def _stage_and_publish(self, key: str, fill: Callable[[Path], dict[str, dict[str, Any]]], meta: dict[str, Any],
+                           inputs: dict[str, Any]) -> tuple[Entry, bool]:
+        """Let ``fill`` write the files into a fresh staging dir (returning their table), then publish it;
+        the staging dir is gone afterwards either way. Returns the entry and whether this call published it."""
+        staging = self._new_staging(key)
+        try:
+            table = fill(staging)
+            return self._publish(key, staging, table, meta, inputs)
+        finally:
+            fs.remove_path(staging)
 
     @staticmethod
     def _scan_staging(key: str, staging: Path) -> dict[str, dict[str, Any]]:

@@ -26,23 +26,19 @@ signature and a signed value means its writers wanted them checked.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import hmac
-import importlib.util
 import json
 import logging
-import os
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from tuneforge import config, parsing
+from tuneforge import parsing
 from tuneforge.store.bundle import Record
 from tuneforge.store.remote_format import (
     _MAC_LEN,
@@ -55,6 +51,7 @@ from tuneforge.store.remote_format import (
     join_artifact,
     split_artifact,
 )
+from tuneforge.store.remote_registry import abandon, default_remote, flush_all, track
 from tuneforge.store.remote_support import (
     RemoteStats,
     _checked,
@@ -62,7 +59,6 @@ from tuneforge.store.remote_support import (
     _Put,
     _setting_error,
     _warn_once,
-    reset_after_fork,
 )
 from tuneforge.store.resp import RespError, RespReader
 from tuneforge.store.write_queue import WriteQueue
@@ -116,7 +112,7 @@ class RemoteCache:
         self._no_reader = False
         self._closed = False
         self._init_threading()
-        _instances.add(self)
+        track(self)
 
     # Told of every counted event (e.g. to persist statistics across processes); set by the caller.
     listener: Callable[[str], None] | None = None
@@ -484,81 +480,7 @@ class RemoteCache:
         # may be held by the parent's writer, so the child neither uses it nor closes it (closing takes
         # that lock): it is kept alive, unused, and the child connects afresh.
         if self._client is not None:
-            _abandoned.append(self._client)
+            abandon(self._client)
             self._client = None
         self._reader, self._no_reader = None, False  # the parent's socket is not ours to use
         self._init_threading()
-
-
-_instances: weakref.WeakSet[RemoteCache] = weakref.WeakSet()
-_abandoned: list[Any] = []  # in a forked child: the parent's Redis clients (see RemoteCache._after_fork)
-_defaults: dict[tuple[str, str, str | None], RemoteCache] = {}
-_defaults_lock = threading.Lock()
-
-
-def default_remote() -> RemoteCache | None:
-    """The RemoteCache named by the settings (one per url, namespace and secret); None without remote.url.
-
-    None too, with one warning, when the ``redis`` or ``zstandard`` package is missing.  A malformed
-    setting raises ConfigError.
-    """
-    url = config.get("remote.url")
-    if not url:
-        return None
-    missing = [name for name in ("redis", "zstandard") if importlib.util.find_spec(name) is None]
-    if missing:
-        _warn_once("no-package", "remote.url is set but the Python package(s) %s are not installed: "
-                   "pip install 'tuneforge[redis]'; continuing without the remote cache", ", ".join(missing))
-        return None
-    spec = (url, config.get("remote.namespace"), config.get("remote.secret"))
-    with _defaults_lock:
-        cache = _defaults.get(spec)
-        if cache is None or cache._closed:
-            cache = _defaults[spec] = RemoteCache(
-                url, namespace=spec[1], secret=spec[2], ttl_s=config.get("remote.ttl_s"),
-                max_entry_bytes=config.get("remote.max_entry_bytes"), timeout_s=config.get("remote.timeout_s"),
-                retry_s=config.get("remote.retry_s"))
-        return cache
-
-
-def flush_all(timeout: float = 10.0) -> None:
-    """Flush every RemoteCache of this process (runs at exit, so that the last puts reach Redis)."""
-    for cache in list(_instances):
-        try:
-            cache.flush(timeout)
-        except Exception:  # pragma: no cover
-            log.exception("remote cache %s: flush failed", cache._shown_url)
-
-
-_held_gates: list[threading.Lock] = []
-_FORK_WAIT_S = 10.0  # a fork waits at most this long for writes in flight
-
-
-def _before_fork() -> None:
-    deadline = time.monotonic() + _FORK_WAIT_S
-    for cache in sorted(_instances, key=id):
-        gate = cache._queue.gate
-        if gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            _held_gates.append(gate)
-        else:  # pragma: no cover - a write stuck for seconds: fork anyway, as without this hook
-            log.debug("remote cache %s: forking while a write is in flight", cache._shown_url)
-
-
-def _after_fork_in_parent() -> None:
-    while _held_gates:
-        _held_gates.pop().release()
-
-
-def _after_fork_in_child() -> None:
-    global _defaults_lock
-    _held_gates.clear()  # the child's caches get new gates
-    _defaults_lock = threading.Lock()
-    reset_after_fork()
-    for cache in list(_instances):
-        cache._after_fork()
-
-
-atexit.register(flush_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
