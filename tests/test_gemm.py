@@ -108,6 +108,15 @@ def test_few_rows_kernel_with_threads_splitting_the_depth(kernels_dir: Path, dty
         check_choices(SMALL_M.choices(configs), m, n, k, dtype, layout, alpha=0.5, beta=-1.0, with_bias=True)
 
 
+@pytest.mark.skipif("avx2" not in cpu_info().isa, reason="needs a CPU with AVX2")
+def test_avx2_kernels_on_a_wider_cpu(kernels_dir: Path) -> None:
+    # What an AVX2-only CPU runs: 32-byte vectors, whose aligned start in B differs from 64-byte ones.
+    with config.patch(kernel_isa="avx2"):
+        assert check_all_configs(1, 77, 301, "float32", "offset", alpha=0.5, beta=-1.0, with_bias=True) >= 3
+        assert check_all_configs(5, 130, 203, "float64", "offset", alpha=2.0, beta=1.0) >= 3
+        assert check_all_configs(33, 127, 65, "float32", "transposed", with_bias=True) >= 3
+
+
 def test_beta_zero_ignores_nan_in_out(kernels_dir: Path) -> None:
     a, b = operands(3, 30, 40, "float32", "contiguous")
     choices = [c for c in gemm_choices(Problem(3, 30, 40, "float32")) if isinstance(c, TemplateChoice)]
