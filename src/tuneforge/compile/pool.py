@@ -39,12 +39,11 @@ import multiprocessing
 import os
 import queue
 import shutil
-import sys
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as mp_wait
@@ -54,7 +53,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.compile import cpp
 from tuneforge.compile.cpp import CppBuild
-from tuneforge.compile.pool_task import Task, progress_wanted, resolve, settings_snapshot
+from tuneforge.compile.pool_task import Task, resolve, settings_snapshot
 from tuneforge.compile.pool_worker import (
     KILL_GRACE_S,
     BuildResult,
@@ -66,6 +65,7 @@ from tuneforge.compile.pool_worker import (
     run_task,
     stop_executor,
 )
+from tuneforge.compile.progress import progress_bar, progress_wanted
 from tuneforge.errors import CompileError
 
 __all__ = ["START_METHODS", "BuildPool", "BuildResult", "default_pool"]
@@ -185,7 +185,7 @@ class BuildPool:
         """Wait for `futures` (a progress bar as in build_all); Ctrl-C stops the workers and re-raises."""
         show = progress if progress is not None else progress_wanted()
         try:
-            with self._progress_bar(show, len(futures)) as advance:
+            with progress_bar(show, len(futures)) as advance:
                 pending = set(futures)
                 while pending:
                     _, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
@@ -193,21 +193,6 @@ class BuildPool:
         except KeyboardInterrupt:
             self.shutdown(cancel=True)
             raise
-
-    @contextlib.contextmanager
-    def _progress_bar(self, show: bool, total: int) -> Iterator[Any]:
-        if not show:
-            yield lambda done: None
-            return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        # redirect_*=False: rich must not replace sys.stdout / sys.stderr while the bar is shown.
-        with Progress(TextColumn("building"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                      console=Console(file=sys.stderr), redirect_stdout=False, redirect_stderr=False,
-                      transient=False) as bar:
-            task = bar.add_task("building", total=total)
-            yield lambda done: bar.update(task, completed=done)
 
     # ------------------------------------------------------------------------------------ stopping
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 from tuneforge import config
 from tuneforge.compile.cpp import CppBuild
 from tuneforge.compile.pool_worker import BuildResult
-from tuneforge.errors import ConfigError
 
 
 @dataclass(eq=False)
@@ -40,20 +38,6 @@ def settings_snapshot() -> dict[str, Any]:
     return settings
 
 
-def _progress_setting() -> bool:
-    try:
-        return bool(config.get("compile.progress"))
-    except ConfigError:  # the setting is declared in settings_schema; tolerate its absence
-        return True
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
 def resolve(future: Future[BuildResult], outcome: BuildResult | BaseException) -> None:
     """Complete `future` unless the user cancelled it meanwhile."""
     with contextlib.suppress(InvalidStateError):
@@ -61,8 +45,3 @@ def resolve(future: Future[BuildResult], outcome: BuildResult | BaseException) -
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
-
-
-def progress_wanted() -> bool:
-    """A progress bar by default: only on a terminal, and only with the compile.progress setting on."""
-    return _is_terminal(sys.stderr) and _progress_setting()
