@@ -80,8 +80,7 @@ def child(threads: int, dtypes: list[str], shapes: list[tuple[int, int, int]]) -
             error = float(np.abs(out - a @ b).max() / max(1.0, float(np.abs(a @ b).max())))
             flops = 2 * m * n * k
             traffic = operand_bytes(m, n, k, a.itemsize)
-            bandwidth = measure_read_bandwidth(traffic, threads, budget_s=0.3)
-            ours, theirs = [], []
+            ours, theirs, bandwidths = [], [], []
             def library(a: Any = a, b: Any = b, out: Any = out) -> None:
                 np.matmul(a, b, out=out)
 
@@ -90,9 +89,12 @@ def child(threads: int, dtypes: list[str], shapes: list[tuple[int, int, int]]) -
 
             # Interleaved short rounds, compared pairwise: the host's memory bandwidth shifts by up to 1.5x
             # for seconds at a time, and a ratio of medians taken in different phases can say 0.8x or 1.5x.
+            # The read bandwidth is measured in every round too, so that the roofline sees the same phases.
             for _ in range(5):
+                bandwidths.append(measure_read_bandwidth(traffic, threads, budget_s=0.1))
                 theirs.append(steady_gflops(library, flops, 0.25))
                 ours.append(steady_gflops(tuned, flops, 0.25))
+            bandwidth = statistics.median(bandwidths)
             key = selection_key(op_name(0.0, None), [TensorSpec.of(a), TensorSpec.of(b), 1.0, 0.0, None,
                                                      TensorSpec.of(out)])
             best = default_records().best(key)
