@@ -101,8 +101,10 @@ def test_every_default_config_with_alpha_beta_bias(kernels_dir: Path, dtype: str
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_few_rows_kernel_with_threads_splitting_the_depth(kernels_dir: Path, dtype: str) -> None:
-    # Three threads over uneven parts of K, one pass (M <= 8) and several (M = 20); every stream layout.
-    for (m, n, k), layout in [((1, 77, 301), "contiguous"), ((5, 130, 1000), "offset"), ((20, 50, 400), "transposed")]:
+    # Three threads over uneven parts of K, one pass (M <= 8) and several (M = 20), and fewer rows of B than
+    # threads (some parts empty); every stream layout.
+    for (m, n, k), layout in [((1, 77, 301), "contiguous"), ((5, 130, 1000), "offset"), ((20, 50, 400), "transposed"),
+                              ((3, 1, 2), "offset")]:
         configs = [dict(c, threads=3, par=1) for c in small_m_space(Problem(m, n, k, dtype), cpu_info(), 3)]
         assert {c["FAR"] for c in configs} == ({0, 1} if m <= 8 else {0})
         check_choices(SMALL_M.choices(configs), m, n, k, dtype, layout, alpha=0.5, beta=-1.0, with_bias=True)
