@@ -83,8 +83,9 @@ def describe(config_: dict[str, Any]) -> str:
     """The AUTOTUNE table's info column: the tunables, compactly."""
     isa = {64: "avx512", 32: "avx2", 16: "sse/neon"}.get(config_["VEC_BYTES"], str(config_["VEC_BYTES"]))
     if "MMAX" in config_:
-        return (f"{isa} rows<={config_['MMAX']} stream B x{config_['KU']}{' far' if config_['FAR'] else ''} "
-                f"prefetch={config_['PF']} "
+        # .get: records written before FAR existed describe the configurations they tuned
+        far = " far" if config_.get("FAR") else ""
+        return (f"{isa} rows<={config_['MMAX']} stream B x{config_['KU']}{far} prefetch={config_['PF']} "
                 f"NB={config_['NC']} t={config_['threads']}{'/depth' if config_['par'] else ''}")
     packs = "AB" if config_["PACK_A"] and config_["PACK_B"] else "A" if config_["PACK_A"] else \
         "B" if config_["PACK_B"] else "-"
