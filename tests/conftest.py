@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,41 @@ import pytest
 os.environ["TUNEFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tuneforge-tests-")
 
 from tuneforge import config
+
+# In CI a missing test dependency fails the run: the tests that need it would otherwise skip, and a
+# green run would hide that nothing of the kind was tested. .ci/run sets CI=true (and installs them).
+CI_COMMANDS = ("g++", "redis-server")
+CI_MODULES = ("torch", "redis", "zstandard")
+_IMPORT_PROBE = """
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        print(f"python module {name} ({type(exc).__name__}: {exc})")
+"""
+
+
+def missing_test_dependencies() -> list[str]:
+    """What the suite needs that is not here; the modules are imported in a child process, so torch's
+    threads and allocator never enter the process that forks the test workers."""
+    missing = [f"{name} (not on PATH)" for name in CI_COMMANDS if shutil.which(name) is None]
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *CI_MODULES], capture_output=True, text=True,
+                          timeout=300)
+    missing += proc.stdout.splitlines()
+    if proc.returncode != 0:
+        missing.append(f"the import check itself failed: {proc.stderr.strip()[-300:]}")
+    return missing
+
+
+def pytest_configure() -> None:
+    if os.environ.get("CI", "").strip().lower() not in ("true", "1", "yes"):
+        return
+    missing = missing_test_dependencies()
+    if missing:
+        raise pytest.UsageError("CI is set, and these test dependencies are missing (their tests would be "
+                                "skipped, not run): " + "; ".join(missing) + ". Install them (bash .ci/run "
+                                "does), or unset CI to let those tests skip.")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 import tuneforge
 from tuneforge import config
+from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.default import default_records
 from tuneforge.tune.select import clear_memo
 
@@ -96,3 +97,21 @@ def test_callable_key_and_bad_key_names(tuning: Path) -> None:
     assert len(f.cache) == 1
     with pytest.raises(ValueError, match="not parameters"):
         tuneforge.autotune(configs=[{}], key=["missing"])(lambda x: x)
+
+
+def test_failing_reference_lets_no_unverified_config_win(tuning: Path) -> None:
+    def reference(x: np.ndarray, out: np.ndarray) -> None:
+        raise RuntimeError("reference exploded")
+
+    @tuneforge.autotune(configs=[{"v": "slow"}, {"v": "noop"}], key=["x"], reference=reference)
+    def plus_one(x: np.ndarray, out: np.ndarray, *, v: str) -> None:
+        if v == "slow":
+            time.sleep(0.002)
+            out[...] = x + 1  # "noop" leaves out alone: the fastest, and wrong
+
+    out = np.zeros(5)
+    with pytest.raises(NoValidChoicesError, match="reference reference of .* failed") as info:
+        plus_one(np.ones(5), out)
+    assert "reference exploded" in str(info.value)
+    assert out.tolist() == [0.0] * 5 and plus_one.cache == {}
+    assert [r for r in default_records().records() if r.status == "ok"] == []

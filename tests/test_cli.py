@@ -71,9 +71,23 @@ def test_config_show_lists_values_and_sources(cache_dir: Path) -> None:
 
 def test_doctor_reports_compiler_and_cache_dir(cache_dir: Path) -> None:
     out = invoke("doctor")
-    for check in ("C++ compiler", "target CPU", "cache dir writable", "compile and load", "optional: redis"):
+    for check in ("C++ compiler", "target CPU", "cache dir writable", "compile and load", "optional: redis",
+                  "memory available"):
         assert check in out
     assert "FAIL" not in out
+
+
+def test_available_memory_is_what_the_system_reports() -> None:
+    from tuneforge.doctor import available_memory
+
+    available = available_memory()
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo to compare with")
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    reported = int(meminfo["MemAvailable"].split()[0]) * 1024
+    # Never more than the host has available (a cgroup limit may make it less); allocations in between
+    # move the figure a little.
+    assert available is not None and 0 < available <= reported * 1.25
 
 
 def test_doctor_fails_without_compiler(cache_dir: Path) -> None:

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from tuneforge import config
+from tuneforge import config, parsing
 from tuneforge.errors import ConfigError
+from tuneforge.settings_schema import SETTINGS, Setting
 
 from .conftest import run_python
 
@@ -173,3 +174,107 @@ def test_every_setting_declares_cache_key_role_and_env_var() -> None:
         assert info.env_var == "TUNEFORGE_" + info.name.replace(".", "_").upper()
         assert info.doc
     assert not any(i.in_cache_key for i in infos if i.name in ("debug", "log_level", "cache_dir"))
+
+
+# ------------------------------------------------------------------ settings that cannot work are rejected
+
+_FLOAT_SETTINGS = [s for s in SETTINGS if s.parse is parsing.parse_float]
+
+
+def test_there_are_float_settings_to_check() -> None:
+    assert {"compile_timeout_s", "remote.timeout_s", "autotune.bench_time_s"} <= {s.name for s in _FLOAT_SETTINGS}
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "Infinity", "1e999"])
+@pytest.mark.parametrize("setting", _FLOAT_SETTINGS, ids=lambda s: s.name)
+def test_non_finite_numbers_are_rejected_for_every_float_setting(monkeypatch: pytest.MonkeyPatch, setting: Setting,
+                                                                 text: str) -> None:
+    monkeypatch.setenv(setting.env_var, text)
+    try:
+        with pytest.raises(ConfigError) as info:
+            config.reset()
+        assert setting.env_var in str(info.value) and setting.name in str(info.value)
+    finally:
+        monkeypatch.delenv(setting.env_var)
+        config.reset()
+    with pytest.raises(ConfigError, match=setting.name.replace(".", r"\.")):
+        config.set(setting.name, float(text))
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "127.0.0.1:6379", "ftp://user:hunter2@host/0",
+                                 "redis://host:notaport/0", "redis:///0", "unix://"])
+def test_remote_url_that_cannot_work_is_rejected(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.set("remote.url", url)
+    assert "remote.url" in str(info.value) and "TUNEFORGE_REMOTE_URL" in str(info.value)
+    assert "hunter2" not in str(info.value)
+    monkeypatch.setenv("TUNEFORGE_REMOTE_URL", url)
+    try:
+        with pytest.raises(ConfigError, match="TUNEFORGE_REMOTE_URL"):
+            config.reset()
+    finally:
+        monkeypatch.delenv("TUNEFORGE_REMOTE_URL")
+        config.reset()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://user:pw@cache.example:6380/2",
+                                 "unix:///run/redis/redis.sock?db=1", "redis://localhost"])
+def test_remote_url_that_can_work_is_accepted(url: str) -> None:
+    with config.patch({"remote.url": url}):
+        assert config.get("remote.url") == url
+    with config.patch({"remote.url": ""}):
+        assert config.get("remote.url") is None
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_empty_remote_secret_is_an_error_not_off(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setenv("TUNEFORGE_REMOTE_SECRET", text)
+    try:
+        with pytest.raises(ConfigError) as info:
+            config.reset()
+        assert "TUNEFORGE_REMOTE_SECRET" in str(info.value) and "remote.secret" in str(info.value)
+        assert "empty" in str(info.value)
+    finally:
+        monkeypatch.delenv("TUNEFORGE_REMOTE_SECRET")
+        config.reset()
+    with pytest.raises(ConfigError, match="remote.secret"):
+        config.set("remote.secret", text)
+    with config.patch({"remote.secret": None}):  # unset stays the way to turn signing off
+        assert config.get("remote.secret") is None
+
+
+def test_rejected_secret_is_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.set("remote.secret", ["hunter2"])
+    assert "hunter2" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------ config show masks secrets
+
+@pytest.mark.parametrize("url,shown", [
+    ("redis://user:hunter2@cache.example:6379/0", "redis://user:***@cache.example:6379/0"),
+    ("rediss://:hunter2@cache.example/1", "rediss://:***@cache.example/1"),
+    ("redis://cache.example:6379/0?password=hunter2&db=3", "redis://cache.example:6379/0?password=***&db=3"),
+    ("redis://cache.example:6379/0", "redis://cache.example:6379/0"),
+    ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+])
+def test_config_show_masks_the_password_in_remote_url(url: str, shown: str) -> None:
+    with config.patch({"remote.url": url, "remote.secret": "hunter2"}):
+        infos = {i.name: i.value for i in config.describe()}
+        assert infos["remote.url"] == shown and infos["remote.secret"] == "***"
+        assert config.get("remote.url") == url  # masked for display only
+    proc = run_python("import sys; from tuneforge.cli import run; sys.argv[1:] = ['config', 'show']; run()",
+                      env={"TUNEFORGE_REMOTE_URL": url, "TUNEFORGE_REMOTE_SECRET": "hunter2"}, check=False)
+    as_json = run_python("import sys; from tuneforge.cli import run; sys.argv[1:] = ['config', 'show', '--json']; "
+                         "run()", env={"TUNEFORGE_REMOTE_URL": url, "TUNEFORGE_REMOTE_SECRET": "hunter2"},
+                         check=False)
+    for result in (proc, as_json):
+        assert result.returncode == 0, result.stderr
+        assert "hunter2" not in result.stdout + result.stderr
+    assert shown in proc.stdout
+    assert next(d["value"] for d in json.loads(as_json.stdout) if d["name"] == "remote.url") == shown
+
+
+def test_masking_a_unix_url_keeps_its_form() -> None:
+    assert parsing.mask_url_password("unix:///run/redis.sock?password=hunter2&db=1") == \
+        "unix:///run/redis.sock?password=***&db=1"

@@ -90,7 +90,7 @@ def test_key_is_a_function_of_value_not_of_insertion_order(value: object) -> Non
 def test_system_fingerprint_is_complete_and_computed_once() -> None:
     fp = system_fingerprint()
     assert fp is system_fingerprint()
-    for field in ("os", "cpu_model", "isa", "cores", "compiler", "python", "tuneforge", "hash"):
+    for field in ("os", "cpu_model", "cpu_id", "isa", "cores", "compiler", "python", "tuneforge", "hash"):
         assert field in fp
     assert fp["compiler"]["sha256"] and fp["cores"] == os.cpu_count()
 

@@ -32,6 +32,20 @@ def tagged_processes(tag: str) -> list[tuple[int, str]]:
     return found
 
 
+def leftover_processes(tag: str, deadline_s: float = 30.0) -> list[tuple[int, str]]:
+    """The tagged processes still alive once they have had `deadline_s` to go ([] as soon as all have).
+
+    A killed worker or compiler takes a moment to be reaped (by its parent's exit or PR_SET_PDEATHSIG)
+    and longer on a loaded machine: poll for the condition instead of sleeping a fixed time.
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        found = tagged_processes(tag)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
 SELECTION = """
     import json, os, sys
     import numpy as np
@@ -53,10 +67,9 @@ SELECTION = """
 def test_crashing_hanging_wrong_and_broken_choices_next_to_good_ones(cache_dir: Path) -> None:
     tag = uuid.uuid4().hex
     names = ["segfault", "good_slow", "abort", "hang", "wrong", "broken", "good"]
-    started = time.monotonic()
-    proc = run_python(SELECTION.format(names=names), env={"TUNEFORGE_TEST_TAG": tag}, timeout=120)
+    # No wall-clock assert: a hang not cut at bench_timeout_s (3 s) would run forever and hit this limit.
+    proc = run_python(SELECTION.format(names=names), env={"TUNEFORGE_TEST_TAG": tag}, timeout=300)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert time.monotonic() - started < 60
     records = result["records"]
     assert result["isolated"] is True
     assert result["winner"] == "good"
@@ -66,7 +79,7 @@ def test_crashing_hanging_wrong_and_broken_choices_next_to_good_ones(cache_dir: 
     assert records["wrong"][0] == "wrong_result" and "wrong result" in records["wrong"][1]
     assert records["broken"][0] == "compile_error" and "error" in records["broken"][1]
     assert records["good"][0] == "ok" and records["good_slow"][0] == "ok" and records["add_slower"][0] == "ok"
-    assert tagged_processes(tag) == []  # the child exited: no worker, compiler or zombie of it is left
+    assert leftover_processes(tag) == []  # the child exited: no worker, compiler or zombie of it is left
 
 
 def test_worker_is_reused_and_leaves_no_zombies(cache_dir: Path) -> None:
@@ -87,7 +100,7 @@ def test_worker_is_reused_and_leaves_no_zombies(cache_dir: Path) -> None:
     assert sum("tuneforge.tune.worker" in line for line in children) == 1  # one live, reused benchmark worker
     assert not any(line.split()[1].startswith("Z") for line in children)  # crashed workers were reaped
     assert not any("g++" in line or "cc1plus" in line for line in children)
-    assert tagged_processes(tag) == []
+    assert leftover_processes(tag) == []
 
 
 def test_in_process_when_isolation_is_off(cache_dir: Path) -> None:
@@ -115,9 +128,9 @@ def test_sigint_mid_selection_leaves_store_and_records_consistent(cache_dir: Pat
     env = {**os.environ, "TUNEFORGE_TEST_TAG": tag}
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(INTERRUPTED.format(log=str(tmp_path / "l")))],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240
     records_db = cache_dir / "records.db"
-    while time.monotonic() < deadline:  # wait until the worker is stuck in the hanging kernel
+    while True:  # wait until the worker is stuck in the hanging kernel
         if any("tuneforge.tune.worker" in cmd for _, cmd in tagged_processes(tag)) and records_db.exists():
             check = run_python(f"""
                 from tuneforge.store.records import RecordDB
@@ -125,12 +138,15 @@ def test_sigint_mid_selection_leaves_store_and_records_consistent(cache_dir: Pat
             """)
             if int(check.stdout) >= 1:  # "good" is done; the hang runs next (library calls go last)
                 break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"the selection never reached the hanging kernel:\n{out}\n{err}")
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
-    time.sleep(0.5)
-    assert tagged_processes(tag) == []
+    assert leftover_processes(tag) == []
     report = json.loads(run_python(f"""
         import json, sqlite3
         from tuneforge.store.default import default_store

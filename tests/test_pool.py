@@ -1,4 +1,10 @@
-"""The parallel build pool: real compiler (through the logging wrapper), real worker processes."""
+"""The parallel build pool: real compiler (through the logging wrapper), real worker processes.
+
+Robust on a loaded 2-core machine: a condition that must come true is polled with a generous deadline
+(PATIENCE); a process that must go away is waited for well within the time its slow compile would take
+to end by itself (each test sleeps its own unusual number of seconds, also so that pgrep never sees
+another test's compilers), so a build that does not kill it still fails the test.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +30,7 @@ from tuneforge.compile.pool import BuildPool, BuildResult, default_pool
 from tuneforge.errors import CompileError
 
 SLOW = "TUNEFORGE_TEST_SLOW_COMPILE"
+PATIENCE = 60.0  # seconds to wait for something that must happen (returns as soon as it does)
 
 
 def source(n: int) -> str:
@@ -35,7 +43,8 @@ def compiles(wrapper: Path) -> int:
 
 
 def pgrep(pattern: str) -> list[int]:
-    proc = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    """Processes whose command line contains `pattern` (dots literal: "sleep 9.5" is not "sleep 925")."""
+    proc = subprocess.run(["pgrep", "-f", pattern.replace(".", "\\.")], capture_output=True, text=True)
     return [int(p) for p in proc.stdout.split()]
 
 
@@ -52,7 +61,7 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
 
 
-def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
+def eventually(condition: Callable[[], Any], timeout: float = PATIENCE) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -97,29 +106,29 @@ def test_builds_are_deduplicated_by_key(cxx: Path, make_pool: Callable[..., Buil
 
 def test_build_past_its_timeout_is_killed(cxx: Path, make_pool: Callable[..., BuildPool],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SLOW, "30")
+    monkeypatch.setenv(SLOW, "92.3")
     pool = make_pool(workers=1)
     started = time.monotonic()
     with config.patch(compile_timeout_s=1):
         future = pool.submit(CppBuild(source(1)))
     with pytest.raises(CompileError, match="timed out") as info:
-        future.result(timeout=30)
-    assert time.monotonic() - started < 10
+        future.result(timeout=PATIENCE)
+    assert time.monotonic() - started < PATIENCE  # stopped at its 1 s limit, not after the 92 s compile
     assert info.value.source_path is not None and info.value.source_path.is_file()
-    assert eventually(lambda: not pgrep("sleep 30"), timeout=2)
+    assert eventually(lambda: not pgrep("sleep 92.3"), timeout=20)  # killed: < 92.3 s from the start
 
 
 def test_pool_kills_a_worker_past_the_pool_deadline(cxx: Path, make_pool: Callable[..., BuildPool],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # The compiler's own limit (60 s) is not reached: the pool's (60 - 58.5 = 1.5 s) is.
     monkeypatch.setattr(pool_module, "TIMEOUT_GRACE_S", -58.5)
-    monkeypatch.setenv(SLOW, "27.5")
+    monkeypatch.setenv(SLOW, "91.7")
     pool = make_pool(workers=1)
     with config.patch(compile_timeout_s=60):
         future = pool.submit(CppBuild(source(2)), label="hung")
     with pytest.raises(CompileError, match="hung timed out.*worker process was killed"):
-        future.result(timeout=30)
-    assert eventually(lambda: not pgrep("sleep 27.5"), timeout=5)  # the worker killed its compiler
+        future.result(timeout=PATIENCE)
+    assert eventually(lambda: not pgrep("sleep 91.7"), timeout=20)  # the worker killed its compiler
 
 
 def test_failed_build_fails_only_its_future(cxx: Path, make_pool: Callable[..., BuildPool]) -> None:
@@ -154,14 +163,39 @@ def test_start_methods_and_worker_reuse(cxx: Path, make_pool: Callable[..., Buil
 
 def test_builds_run_in_parallel(cxx: Path, make_pool: Callable[..., BuildPool],
                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SLOW, "1")
+    # Each build sleeps 2 s (no CPU: load barely stretches it) before compiling. One after another,
+    # four builds take the sum of their own durations, however slow the compiles are; on 2 workers
+    # about half of it. "< 80 % of the sum" proves overlap and leaves room for a loaded machine.
+    pause = 2.0
+    monkeypatch.setenv(SLOW, str(pause))
     pool = make_pool(workers=2, start_method="fork")
-    pool.submit(CppBuild(source(20))).result(timeout=60)  # workers up, compiler probed
+    pool.submit(CppBuild(source(20))).result(timeout=PATIENCE)  # workers up, compiler probed
+    seen_together = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:  # two compilers alive at one moment: parallel, whatever the timings
+        while not done.is_set():
+            if len(pgrep(f"sleep {pause}")) >= 2:
+                seen_together.set()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     started = time.perf_counter()
-    results = pool.build_all([(f"b{i}", CppBuild(source(21 + i))) for i in range(4)], progress=False)
-    elapsed = time.perf_counter() - started
-    assert all(isinstance(r, BuildResult) and r.compiled for r in results.values()), results
-    assert elapsed < 3.5, f"4 builds of >= 1 s on 2 workers took {elapsed:.2f} s"
+    try:
+        results = pool.build_all([(f"b{i}", CppBuild(source(21 + i))) for i in range(4)], progress=False)
+    finally:
+        elapsed = time.perf_counter() - started
+        done.set()
+        watcher.join()
+    builds = [r for r in results.values() if isinstance(r, BuildResult) and r.compiled]
+    assert len(builds) == 4, results
+    serial = sum(r.seconds for r in builds)
+    assert serial >= 4 * pause
+    assert seen_together.is_set(), "never saw two builds running at once on 2 workers"
+    assert elapsed < 0.8 * serial, f"4 builds taking {serial:.2f} s one after another took {elapsed:.2f} s " \
+                                   "on 2 workers: not in parallel"
 
 
 def test_build_all_writes_nothing_unless_asked(cxx: Path, make_pool: Callable[..., BuildPool],
@@ -184,28 +218,29 @@ def test_build_all_writes_nothing_unless_asked(cxx: Path, make_pool: Callable[..
 
 def test_shutdown_leaves_no_worker_or_compiler(cxx: Path, make_pool: Callable[..., BuildPool],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SLOW, "29.5")
+    monkeypatch.setenv(SLOW, "89.3")
     pool = make_pool()
     future = pool.submit(CppBuild(source(40)))
-    assert eventually(lambda: pool._running_pids() and pgrep("sleep 29.5"))
+    assert eventually(lambda: pool._running_pids() and pgrep("sleep 89.3"))
     pids = pool._worker_pids()
     assert len(pids) == 2 and all(alive(pid) for pid in pids)
     pool.shutdown()
     assert future.cancelled() and not pool.started
     assert not [pid for pid in pids if alive(pid)]
-    assert eventually(lambda: not pgrep("sleep 29.5"), timeout=2)
+    assert eventually(lambda: not pgrep("sleep 89.3"), timeout=20)
     pool.shutdown()  # idempotent
     monkeypatch.delenv(SLOW)
     again = pool.submit(CppBuild(source(40)))  # a later submit starts new workers
     other = pool.submit(CppBuild(source(41)))
     pool.shutdown(cancel=False)  # waits for the builds it was given
-    assert again.result(timeout=0).compiled and other.result(timeout=0).compiled
+    assert again.result(timeout=0).compiled and other.result(timeout=0).compiled  # done: no waiting
     assert not pool.started and not [pid for pid in pids if alive(pid)]
 
 
 def test_killed_worker_fails_its_build_only(cxx: Path, make_pool: Callable[..., BuildPool],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SLOW, "2")
+    # Long enough that both builds are running at one moment even when the second worker starts late.
+    monkeypatch.setenv(SLOW, "5")
     pool = make_pool(workers=2)
     victim = pool.submit(CppBuild(source(50)), label="victim")
     bystander = pool.submit(CppBuild(source(51)), label="bystander")
@@ -213,11 +248,11 @@ def test_killed_worker_fails_its_build_only(cxx: Path, make_pool: Callable[..., 
     assert running, "both builds should be running"
     os.kill(running["victim"], signal.SIGKILL)
     with pytest.raises(CompileError, match=r"victim: its worker process \(pid \d+\) died \(killed by SIGKILL\)"):
-        victim.result(timeout=30)
-    assert bystander.result(timeout=30).compiled  # submitted again to the new workers
+        victim.result(timeout=PATIENCE)
+    assert bystander.result(timeout=PATIENCE).compiled  # submitted again to the new workers
     again = pool.submit(CppBuild(source(50)), label="victim")
     assert again is not victim
-    assert ctypes.CDLL(again.result(timeout=30).library_path).value_50() == 50
+    assert ctypes.CDLL(again.result(timeout=PATIENCE).library_path).value_50() == 50
 
 
 CHILD = """
@@ -240,15 +275,15 @@ if __name__ == "__main__":
 def test_workers_die_with_a_killed_parent(cxx: Path, tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
-    env = {**os.environ, SLOW: "28.5"}
+    env = {**os.environ, SLOW: "88.7"}
     with subprocess.Popen([sys.executable, str(script), str(cxx)], env=env, stdout=subprocess.PIPE,
                           text=True) as child:
         assert child.stdout is not None
         pids = [int(p) for p in child.stdout.readline().split()]
-        assert pids and eventually(lambda: pgrep("sleep 28.5"))
+        assert pids and eventually(lambda: pgrep("sleep 88.7"))
         child.kill()
-    assert eventually(lambda: not [pid for pid in pids if alive(pid)])
-    assert eventually(lambda: not pgrep("sleep 28.5"))
+    assert eventually(lambda: not [pid for pid in pids if alive(pid)], timeout=20)
+    assert eventually(lambda: not pgrep("sleep 88.7"), timeout=20)  # well before the compile would end
 
 
 STOPPING = """
@@ -286,21 +321,21 @@ if __name__ == "__main__":
 def test_interrupt_and_exit_stop_workers_and_compilers(cxx: Path, tmp_path: Path, how: str) -> None:
     script = tmp_path / "stopping.py"
     script.write_text(textwrap.dedent(STOPPING))
-    env = {**os.environ, SLOW: "26.5"}
+    env = {**os.environ, SLOW: "87.9"}
     started = time.monotonic()
     with subprocess.Popen([sys.executable, str(script), str(cxx), how], env=env, stdout=subprocess.PIPE,
                           text=True) as child:
         assert child.stdout is not None
         pids = [int(p) for p in child.stdout.readline().split()]
-        assert len(pids) == 2 and eventually(lambda: len(pgrep("sleep 26.5")) >= 2)
+        assert len(pids) == 2 and eventually(lambda: len(pgrep("sleep 87.9")) >= 2)
         if how == "interrupt":
             child.send_signal(signal.SIGINT)
         rest = child.stdout.read()
-        code = child.wait(timeout=20)
-    assert time.monotonic() - started < 15
+        code = child.wait(timeout=PATIENCE)
+    assert time.monotonic() - started < PATIENCE  # it did not wait for the 88 s compiles to finish
     assert (code, rest) == ((3, "interrupted\n") if how == "interrupt" else (0, ""))
     assert not [pid for pid in pids if alive(pid)]
-    assert eventually(lambda: not pgrep("sleep 26.5"), timeout=2)
+    assert eventually(lambda: not pgrep("sleep 87.9"), timeout=20)
 
 
 def test_arguments_and_errors(cache_dir: Path, tmp_path: Path) -> None:
@@ -314,7 +349,7 @@ def test_arguments_and_errors(cache_dir: Path, tmp_path: Path) -> None:
     pool = BuildPool(1)
     future = pool.submit(CppBuild(source(1), include_dirs=(str(tmp_path / "missing"),)))
     with pytest.raises(CompileError, match="does not exist"):
-        future.result(timeout=1)
+        future.result(timeout=0)  # failed at submit: nothing to wait for
     assert not pool.started
     with pytest.raises(ValueError, match="duplicate"):
         pool.build_all([("a", CppBuild(source(1))), ("a", CppBuild(source(2)))])

@@ -413,7 +413,7 @@ def _raw(path: Path, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
 
 
 def test_schema_version_and_wal_mode_are_stored(db: RecordDB) -> None:
-    assert len(records_mod._MIGRATIONS) == SCHEMA_VERSION
+    assert len(records_mod.MIGRATIONS) == SCHEMA_VERSION
     assert db.count() == 0 and not db.path.exists()  # reading never creates the file
     db.put(rec())
     assert _raw(db.path, "SELECT value FROM meta WHERE name = 'schema_version'") == [(str(SCHEMA_VERSION),)]
@@ -459,7 +459,7 @@ def test_migrations_run_in_order_on_an_older_database(tmp_path: Path, monkeypatc
         calls.append(3)
         conn.execute("INSERT INTO extra_v2 VALUES (3)")
 
-    monkeypatch.setattr(records_mod, "_MIGRATIONS", [*records_mod._MIGRATIONS, to_v2, to_v3])
+    monkeypatch.setattr(records_mod, "MIGRATIONS", [*records_mod.MIGRATIONS, to_v2, to_v3])
     with RecordDB(path) as db:
         assert [r.median_ms for r in db.get("k1")] == [4.0]  # data kept
     assert calls == [2, 3]
@@ -473,11 +473,14 @@ def test_migrations_run_in_order_on_an_older_database(tmp_path: Path, monkeypatc
         db.count()
 
 
-def test_a_corrupt_file_gives_a_record_error(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_database_is_moved_aside(tmp_path: Path) -> None:
     path = tmp_path / "records.sqlite"
     path.write_bytes(b"this is not a database" * 100)
-    with RecordDB(path) as db, pytest.raises(RecordError, match=str(path)):
-        db.get("k1")
+    with RecordDB(path) as db:
+        assert db.get("k1") == []
+        db.put(rec("k1", "c1"))
+        assert [r.choice for r in db.get("k1")] == ["c1"]
+    assert [p.read_bytes() for p in tmp_path.glob("records.sqlite.corrupt-*")] == [b"this is not a database" * 100]
 
 
 # ------------------------------------------------------------------------------------------- read-only

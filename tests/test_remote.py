@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _ctypes
 import hashlib
 import importlib.util
 import json
@@ -43,8 +44,15 @@ def record(key: str = KEY, choice: str = "c1", median_ms: float = 1.5) -> Record
                   inputs='[["f32",[64,64]]]', system="sys1", info={"note": "x"}, created=1700000000.25)
 
 
+def elf_library(size: int = 23000) -> bytes:
+    """A file that reads as a shared library of this machine (a real one's ELF header) and is random after it."""
+    with open(_ctypes.__file__, "rb") as f:
+        header = f.read(64)
+    return header + os.urandom(3000) + bytes(size - 3064)
+
+
 def artifact(key: str = ART, files: dict[str, bytes] | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
-    files = files if files is not None else {"kernel.so": b"\x7fELF" + os.urandom(3000) + bytes(20000),
+    files = files if files is not None else {"kernel.so": elf_library(),
                                              "source.cpp": b"extern \"C\" void k() {}\n"}
     table = {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
     return make_manifest(key, table, {"lang": "c++"}, {"source": "abc", "flags": ["-O3"]}), files
@@ -93,6 +101,14 @@ def is_available(cache: RemoteCache) -> bool:
     return cache.available
 
 
+def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 20.0) -> None:
+    """Poll until ``condition()`` holds: a generous deadline instead of a fixed sleep (the CI machine is loaded)."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {deadline_s}s waiting for {what}"
+        time.sleep(0.02)
+
+
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
 
@@ -109,7 +125,7 @@ def test_records_round_trip_between_instances(redis_clean: str, raw: Any,
     assert reader.get_records(KEY) == records
     assert writer.stats.puts == 1 and writer.stats.dropped == 0
     assert reader.stats.to_json() == {"hits": 1, "misses": 1, "errors": 0, "rejected": 0, "puts": 0,
-                                      "dropped": 0, "skipped": 0}
+                                      "dropped": 0, "skipped": 0, "unusable": 0}
     value = raw.get(rkey("rec", KEY))
     assert value.startswith(b"TFU1")  # no pickle: a zstd frame of JSON
     assert [r["choice"] for r in json.loads(zd(value[4:]))] == ["c1", "c2"]
@@ -133,16 +149,16 @@ def test_a_process_exiting_right_after_its_puts_still_delivers_them(redis_clean:
             cache.put_records(key, [Record(key=key, choice="c", op="mm", choice_name="n", status="ok",
                                            median_ms=float(i))])
         data = os.urandom(1 << 21)
-        manifest = make_manifest("artproca0000000", {{"lib.so": {{"size": len(data),
+        manifest = make_manifest("artproca0000000", {{"payload.bin": {{"size": len(data),
                                  "sha256": hashlib.sha256(data).hexdigest()}}}}, {{}}, {{}})
-        cache.put_artifact("artproca0000000", manifest, {{"lib.so": data}})
+        cache.put_artifact("artproca0000000", manifest, {{"payload.bin": data}})
     """)
     reader = make_cache(redis_clean)
     for i in range(50):
         got = reader.get_records(f"proc-a-key-{i:03d}")
         assert got is not None and got[0].median_ms == float(i)
     entry = reader.get_artifact("artproca0000000")
-    assert entry is not None and len(entry[1]["lib.so"]) == 1 << 21
+    assert entry is not None and len(entry[1]["payload.bin"]) == 1 << 21
 
 
 def test_artifact_round_trip_and_checksum_tamper(redis_clean: str, raw: Any, make_cache: Callable[..., RemoteCache],
@@ -297,16 +313,15 @@ def test_garbage_values_are_misses(redis_clean: str, raw: Any, make_cache: Calla
 # ------------------------------------------------------------------------------------------------ TTL
 
 def test_ttl_expiry(redis_clean: str, raw: Any, make_cache: Callable[..., RemoteCache]) -> None:
-    short = make_cache(redis_clean, ttl_s=1)
+    short = make_cache(redis_clean, ttl_s=3)
     forever = make_cache(redis_clean, ttl_s=0)
     short.put_records(KEY, [record()])
     forever.put_records("kept-key-00000000", [record("kept-key-00000000")])
     assert short.flush(5) and forever.flush(5)
-    assert 0 < raw.pttl(rkey("rec", KEY)) <= 1000
+    assert 0 < raw.pttl(rkey("rec", KEY)) <= 3000
     assert raw.pttl(rkey("rec", "kept-key-00000000")) == -1  # no expiry
-    assert short.get_records(KEY) is not None
-    time.sleep(1.3)
-    assert short.get_records(KEY) is None
+    # Redis itself expires the value (pttl above), so what the reader sees is checked by polling.
+    wait_for(lambda: short.get_records(KEY) is None, "the 3 s TTL to expire")
     assert short.stats.misses == 1
     assert short.get_records("kept-key-00000000") is not None
 
@@ -372,14 +387,15 @@ def test_a_forked_child_can_use_its_parents_cache(redis_clean: str, make_cache: 
 
 def test_full_queue_drops_without_blocking(redis_private: RedisServer,
                                            make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_private.url, queue_size=1, timeout_s=5)
+    cache = make_cache(redis_private.url, queue_size=1, timeout_s=20)
     assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(800)
+    redis_private.pause(4000)
     start = time.monotonic()
     for i in range(5):
         cache.put_records(f"key-{i:010d}", [record(f"key-{i:010d}")])
-    assert time.monotonic() - start < 0.1
-    assert cache.flush(5)
+    # The puts returned while the paused server held the writer: they did not wait for it.
+    assert time.monotonic() - start < 2.0 and not cache.flush(0)
+    assert cache.flush(20)
     assert cache.stats.dropped >= 3 and cache.stats.puts + cache.stats.dropped == 5
 
 
@@ -389,14 +405,12 @@ def test_outage_opens_the_breaker_and_recovery_closes_it(redis_private: RedisSer
                                                          make_cache: Callable[..., RemoteCache],
                                                          caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    cache = make_cache(redis_private.url, retry_s=0.5, timeout_s=0.3)
+    cache = make_cache(redis_private.url, retry_s=2.0, timeout_s=0.3)
     cache.put_records(KEY, [record()])
     assert cache.flush(5) and cache.get_records(KEY) is not None
 
     redis_private.kill()
-    start = time.monotonic()
     results = [cache.get_records(KEY) for _ in range(10)] + [cache.get_artifact(ART) for _ in range(10)]
-    assert time.monotonic() - start < 2.0
     assert results == [None] * 20
     assert cache.stats.errors >= 1 and cache.stats.errors + cache.stats.skipped == 20
     assert cache.stats.skipped >= 15  # the breaker, not 20 failing calls
@@ -409,8 +423,7 @@ def test_outage_opens_the_breaker_and_recovery_closes_it(redis_private: RedisSer
     assert "failed" in warnings_of(caplog)[0] and "local caches only" in warnings_of(caplog)[0]
 
     redis_private.restart()
-    time.sleep(0.6)  # retry_s
-    assert is_available(cache)
+    wait_for(lambda: is_available(cache), "retry_s to pass")
     assert cache.get_records(KEY) is None  # the trial call: reaches the (new, empty) server
     assert is_available(cache)
     cache.put_records(KEY, [record()])
@@ -424,10 +437,11 @@ def test_failed_trial_call_keeps_the_breaker_open(redis_private: RedisServer,
                                                   make_cache: Callable[..., RemoteCache],
                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
-    cache = make_cache(redis_private.url, retry_s=0.3, timeout_s=0.3)
+    cache = make_cache(redis_private.url, retry_s=1.0, timeout_s=0.3)
     redis_private.kill()
     assert cache.get_records(KEY) is None  # error: open
-    time.sleep(0.35)
+    assert not is_available(cache)
+    wait_for(lambda: is_available(cache), "retry_s to pass")
     assert cache.get_records(KEY) is None  # the trial fails: open again
     assert cache.get_records(KEY) is None  # skipped
     assert (cache.stats.errors, cache.stats.skipped) == (2, 1)
@@ -435,18 +449,18 @@ def test_failed_trial_call_keeps_the_breaker_open(redis_private: RedisServer,
 
 
 def test_server_killed_mid_call(redis_private: RedisServer, make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_private.url, timeout_s=5)
+    cache = make_cache(redis_private.url, timeout_s=60)
     assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(5000)
+    redis_private.pause(60000)
     result: list[Any] = []
     thread = threading.Thread(target=lambda: result.append(cache.get_records(KEY)))
     thread.start()
-    time.sleep(0.3)  # the get is now waiting for its reply
+    wait_for(cache._read_lock.locked, "the get to be waiting for its reply")
     start = time.monotonic()
     redis_private.kill()
-    thread.join(5)
+    thread.join(30)
     assert not thread.is_alive() and result == [None]
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 30  # the kill ended it, not the 60 s time-out or pause
     assert cache.stats.errors == 1
 
 
@@ -455,10 +469,10 @@ def test_slow_server_times_out(redis_private: RedisServer, make_cache: Callable[
     caplog.set_level(logging.WARNING, logger=LOGGER)
     cache = make_cache(redis_private.url, timeout_s=0.2)
     assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(2000)
+    redis_private.pause(20000)
     start = time.monotonic()
     assert cache.get_records(KEY) is None
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 10.0  # the 0.2 s time-out ended it, far before the 20 s pause
     assert cache.stats.errors == 1
     assert len(warnings_of(caplog)) == 1 and "Timeout" in warnings_of(caplog)[0]
 
@@ -499,16 +513,16 @@ def test_oversized_artifact_is_not_stored(redis_clean: str, raw: Any, make_cache
 
 def test_put_does_not_wait_for_the_server(redis_private: RedisServer,
                                           make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_private.url, timeout_s=5)
+    cache = make_cache(redis_private.url, timeout_s=20)
     assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(1000)
+    redis_private.pause(4000)
     start = time.monotonic()
     cache.put_records(KEY, [record()])
     cache.put_artifact(ART, *artifact())
-    assert time.monotonic() - start < 0.05  # a round trip takes ~1 s now
-    assert not cache.flush(0.2)  # still waiting for the paused server
-    assert cache.flush(5)
-    assert time.monotonic() - start > 0.7
+    assert time.monotonic() - start < 2.0  # a round trip takes 4 s now
+    assert not cache.flush(0)  # still waiting for the paused server
+    assert cache.flush(30)
+    assert time.monotonic() - start > 2.0
     assert cache.stats.puts == 2 and cache.stats.errors == 0
     assert cache.get_records(KEY) == [record()]
 
@@ -552,7 +566,8 @@ def test_default_remote_follows_the_settings(redis_clean: str, monkeypatch: pyte
                                              caplog: pytest.LogCaptureFixture) -> None:
     with config.patch({"remote.url": None}):
         assert remote.default_remote() is None
-    with config.patch({"remote.url": redis_clean, "remote.timeout_s": 0.25, "remote.ttl_s": 60}):
+    with config.patch({"remote.url": redis_clean, "remote.timeout_s": 0.25, "remote.ttl_s": 60,
+                       "remote.allow_unsigned": True}):
         cache = remote.default_remote()
         assert cache is not None and remote.default_remote() is cache
         assert (cache.timeout_s, cache.ttl_s) == (0.25, 60.0)

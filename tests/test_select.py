@@ -242,3 +242,41 @@ def test_torch_tensors_select(tuning: Path) -> None:
     out = torch.empty(8, 6)
     selection.choice(a, b, out)
     assert torch.equal(out, torch.full((8, 6), 4.0))
+
+
+HUGE = TensorSpec.contiguous([2**55], "float64")  # 256 PiB: more than any address space, so no swapping
+
+
+def tuning_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("tuneforge") and r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("where", ["in-process", "in-process, out inferred", "isolated worker"])
+def test_inputs_too_large_to_make_fall_back_with_one_warning(tuning: Path, caplog: pytest.LogCaptureFixture,
+                                                             where: str) -> None:
+    choices = [ExternChoice(k.add_slower), ExternChoice(k.add)]
+    if where == "isolated worker":
+        choices.append(k.ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])[0])
+    out = None if where == "in-process, out inferred" else HUGE
+    with caplog.at_level("WARNING"):
+        first = select_detailed("add", choices, [HUGE, HUGE], out=out)
+        again = select_detailed("add", choices, [HUGE, HUGE], out=out)
+    assert first.choice.name == "add_slower" and first.source == "fallback"
+    assert again.choice is first.choice and again.source == "memo"
+    warnings = tuning_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "MemoryError" in warnings[0] and "add_slower" in warnings[0]
+    assert default_records().count() == 0
+    result = np.zeros(3)
+    first.choice(np.ones(3), np.ones(3), result)
+    assert result.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_worker_that_cannot_start_falls_back_with_one_warning(tuning: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])]
+    with config.patch(autotune_worker_cpus=(4095,)), caplog.at_level("WARNING"):  # no such CPU: it exits at once
+        selection = select_detailed("add", choices, arrays(), out=np.empty(64))
+    assert selection.choice.name == "add_slower" and selection.source == "fallback"
+    assert len(tuning_warnings(caplog)) == 1, tuning_warnings(caplog)
+    assert default_records().count() == 0

@@ -91,12 +91,21 @@ def test_tampered_artifact_is_rejected_and_counted(tmp_path: Path, redis_clean: 
 
 
 def test_redis_killed_mid_selection_completes_locally(tmp_path: Path, redis_private: RedisServer) -> None:
+    import redis as redis_client
+
     env = {**os.environ, "TUNEFORGE_REMOTE_URL": redis_private.url, "TUNEFORGE_CACHE_DIR": str(tmp_path / "c"),
-           "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.05"}
+           "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.05", "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
     code = textwrap.dedent(GEMM.format(shape=(64, 64, 64), log=str(tmp_path / "c.jsonl")))
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(1.0)  # the selection is building or measuring by now
+    # The selection's first remote lookup (a miss) comes before its builds and measurements: kill the server
+    # once it has been seen, rather than after a fixed sleep that a loaded machine may outlast or undercut.
+    watcher = redis_client.Redis.from_url(redis_private.url)
+    deadline = time.monotonic() + 60
+    while watcher.info("stats")["keyspace_misses"] < 1:
+        assert proc.poll() is None and time.monotonic() < deadline, "the selection never asked the remote"
+        time.sleep(0.02)
+    watcher.close()
     redis_private.kill()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

@@ -1,31 +1,63 @@
-"""The `tuneforge` command."""
+"""The `tuneforge` command.
+
+`run` is its entry point: whatever goes wrong because of what the user typed or configured (a bad
+setting, a missing or unwritable file, a damaged bundle, Ctrl-C) ends in one line on stderr naming
+the thing to fix, and a non-zero exit status, never in a Python traceback.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 from tuneforge import config
 from tuneforge._version import __version__
-from tuneforge.console import print_pairs, print_table
+from tuneforge.console import (
+    describe_error,
+    exit_interrupted,
+    exiting,
+    hold_interrupts_at_exit,
+    print_pairs,
+    print_table,
+    report_interrupt,
+)
 from tuneforge.errors import TuneforgeError
 from tuneforge.parsing import format_size, parse_size
+
+
+def _cache_root() -> Path:
+    """The cache directory, refused up front when it cannot be one (the OS error would name a subpath)."""
+    root = Path(config.get("cache_dir"))
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is not a directory" if existing == root else f"cannot be created: {existing} is a file"
+        raise click.ClickException(f"the cache directory {root} {what}; point TUNEFORGE_CACHE_DIR "
+                                   "(setting cache_dir) at a directory")
+    return root
 
 
 def _store() -> Any:
     from tuneforge.store.default import default_store
 
+    _cache_root()
     return default_store()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tuneforge")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an unexpected error, keep build directories "
+              "and print compiler commands (like TUNEFORGE_DEBUG=1).")
+def main(debug: bool) -> None:
     """tuneforge: compile, cache and autotune kernels."""
+    if debug:
+        config.set("debug", True)
 
 
 @main.group()
@@ -109,10 +141,15 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 @click.argument("key2")
 def cache_explain(key1: str, key2: str) -> None:
     """Say which key inputs differ between two artifacts."""
+    from tuneforge.store.entry import StoreError
+
     store = _store()
     inputs = []
     for key in (key1, key2):
-        entry = store.get(key)
+        try:
+            entry = store.get(key)
+        except StoreError:  # not even shaped like a key
+            entry = None
         if entry is None:
             raise click.ClickException(f"no artifact with key {key} in {store.root} "
                                        "(list keys with `tuneforge cache list`)")
@@ -174,6 +211,17 @@ def _shape(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int,
 _OPS = ("gemm", "matmul")
 
 
+def _check_example_memory(what: str, specs: list[Any]) -> None:
+    """Refuse, before anything is compiled, a shape whose example inputs cannot fit in memory."""
+    from tuneforge.doctor import available_memory
+
+    needed = sum(spec.storage_size * spec.itemsize for spec in specs)
+    available = available_memory()
+    if available is not None and needed > available:
+        raise click.ClickException(f"{what} needs {format_size(needed)} for its example inputs and output; "
+                                   f"{format_size(available)} of memory available. Tune a smaller shape.")
+
+
 @main.command()
 @click.argument("op", type=click.Choice(_OPS))
 @click.option("--shape", required=True, callback=_shape, metavar="MxNxK", help="C[M,N] = A[M,K] @ B[K,N].")
@@ -193,6 +241,9 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bo
 
     m, n, k = shape
     specs: list[Any] = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
+    out = TensorSpec.contiguous((m, n), dtype)
+    _check_example_memory(f"--shape {m}x{n}x{k} {dtype}", [*specs, out])
+    _cache_root()
     if op == "gemm":
         from tuneforge.kernels.gemm import Problem
         from tuneforge.kernels.gemm import choices as gemm_choices
@@ -205,7 +256,7 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bo
         candidates = family.choices(dtype, space)
     started = time.perf_counter()
     with config.patch(autotune_verbose=True, autotune_force=force or config.get("autotune.force")):
-        selection = select_detailed(op, candidates, specs, out=TensorSpec.contiguous((m, n), dtype))
+        selection = select_detailed(op, candidates, specs, out=out)
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
         from tuneforge.tune.report import format_table
@@ -227,6 +278,7 @@ def records() -> None:
 def _db() -> Any:
     from tuneforge.store.default import default_records
 
+    _cache_root()
     return default_records()
 
 
@@ -284,7 +336,12 @@ def records_export(op: str | None, output: str | None) -> None:
               help="Which record wins when both have one for the same key and choice.")
 def records_import(path: str, keep: str) -> None:
     """Merge a bundle into the local record database."""
-    written = _db().import_bundle(path, keep=keep)
+    try:
+        written = _db().import_bundle(path, keep=keep)
+    except RecursionError:
+        raise click.ClickException(f"cannot import {path}: its JSON is nested too deeply to be a bundle") from None
+    except OverflowError as exc:
+        raise click.ClickException(f"cannot import {path}: a number in it is out of range ({exc})") from None
     click.echo(f"imported {written} records from {path}")
 
 
@@ -308,9 +365,68 @@ def doctor() -> None:
         raise click.ClickException("failed: " + ", ".join(failed))
 
 
-def run() -> None:
+_DEBUG_HINT = "run with TUNEFORGE_DEBUG=1 (or --debug) for the traceback"
+# Kinds of error that come from what the user typed, configured or pointed at: their message is enough.
+_USER_ERRORS: tuple[type[BaseException], ...] = (TuneforgeError, OSError, ValueError, OverflowError,
+                                                 RecursionError, MemoryError)
+
+
+def _debugging() -> bool:
+    if "--debug" in sys.argv[1:]:
+        return True
     try:
-        main()
-    except TuneforgeError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        return bool(config.get("debug"))
+    except Exception:  # the settings themselves may be what failed
+        return False
+
+
+def _status(args: list[str]) -> int:
+    """Run the command; the exit status, with any error already reported on stderr."""
+    try:
+        problem = config.startup_error()
+        if problem is not None:
+            raise problem
+        result = main.main(args, prog_name="tuneforge", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.Abort, KeyboardInterrupt) as exc:
+        if isinstance(exc, click.Abort) and not isinstance(exc.__context__, KeyboardInterrupt):
+            click.echo("aborted", err=True)
+            return 1
+        report_interrupt()
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`tuneforge records export | head`): nothing left to tell it.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # the safety net: no traceback unless asked for
+        if _debugging():
+            traceback.print_exc()
+        elif isinstance(exc, _USER_ERRORS):
+            click.echo(f"error: {describe_error(exc, _configured_cache_dir())}", err=True)
+        else:
+            click.echo(f"error: unexpected {type(exc).__name__}: {describe_error(exc)} ({_DEBUG_HINT})", err=True)
+        return 1
+
+
+def _configured_cache_dir() -> Path | None:
+    try:
+        return Path(config.get("cache_dir"))
+    except Exception:  # the settings themselves may be what failed
+        return None
+
+
+def run() -> None:
+    """Entry point of the `tuneforge` console script and of `python -m tuneforge`."""
+    hold_interrupts_at_exit()  # first, so that its exit handler runs after every other one
+    try:
+        status = _status(sys.argv[1:])
+        exiting()
+    except KeyboardInterrupt:  # in the instant between the command and exiting()
+        exit_interrupted()
+    sys.exit(status)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 import json
 import logging
 import os
@@ -110,10 +111,18 @@ class SettingInfo:
     in_cache_key: bool
 
 
+def _shown(setting: Setting) -> Any:
+    value = get(setting.name)
+    if setting.secret and value:
+        return "***"
+    if setting.redact is not None and value:
+        return setting.redact(value)
+    return value
+
+
 def describe() -> list[SettingInfo]:
-    """Every setting for display: secrets are masked."""
-    return [SettingInfo(s.name, "***" if s.secret and get(s.name) else get(s.name), source(s.name), s.env_var,
-                        s.doc, s.in_cache_key) for s in SETTINGS]
+    """Every setting for display: secrets, and the secret parts of values (a URL's password), are masked."""
+    return [SettingInfo(s.name, _shown(s), source(s.name), s.env_var, s.doc, s.in_cache_key) for s in SETTINGS]
 
 
 def _jsonable(value: Any) -> Any:
@@ -176,7 +185,8 @@ def _read_environment(environ: Mapping[str, str]) -> None:
         try:
             value = setting.parse(text)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"environment variable {var}={text!r} is invalid for setting "
+            shown = "***" if setting.secret and text else (setting.redact or str)(text)
+            raise ConfigError(f"environment variable {var}={shown!r} is invalid for setting "
                               f"{setting.name!r}: {exc}") from None
         _assign(setting.name, value, "env")
 
@@ -273,5 +283,33 @@ def iter_env_vars() -> Iterator[tuple[str, str]]:
         yield s.env_var, s.name
 
 
+def _started_as_command() -> bool:
+    """Whether this process is the `tuneforge` command: its console script or ``python -m tuneforge``."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name in ("tuneforge", "tuneforge.exe", "tuneforge-script.py"):
+        return True
+    if argv0 != "-m":  # while `python -m` imports the package, argv[0] is "-m"
+        return False
+    words = list(getattr(sys, "orig_argv", ()))
+    return "-mtuneforge" in words or any(pair == ("-m", "tuneforge") for pair in itertools.pairwise(words))
+
+
+_startup_error: ConfigError | None = None
+
+
+def startup_error() -> ConfigError | None:
+    """The error in the environment or config file found at import, when the `tuneforge` command runs.
+
+    Anywhere else `import tuneforge` raises it. The command is importing this module before any of its
+    own code can run, so it would end in a traceback; instead the command reports it as one line.
+    """
+    return _startup_error
+
+
 sys.modules[__name__].__class__ = _ConfigModule
-reset()
+try:
+    reset()
+except ConfigError as _exc:
+    if not _started_as_command():
+        raise
+    _startup_error = _exc

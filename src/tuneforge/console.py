@@ -1,9 +1,19 @@
-"""User-facing output: rich tables on a terminal, plain aligned text when piped."""
+"""User-facing output: rich tables on a terminal, plain aligned text when piped; errors as one line.
+
+A command-line user needs the message and the file or setting to fix, not the Python stack.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 
@@ -39,3 +49,66 @@ def print_table(title: str | None, headers: Sequence[str], rows: Sequence[Sequen
 def print_pairs(title: str | None, pairs: Sequence[tuple[str, Any]], *, stream: IO[str] | None = None) -> None:
     """`name  value` lines in the spirit of `ccache -s`."""
     print_table(title, (), [(name, value) for name, value in pairs], stream=stream)
+
+
+def describe_error(exc: BaseException, cache_dir: Path | None = None) -> str:
+    """One line for an error caused by input or environment; a path inside `cache_dir` is explained."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        path = os.fsdecode(exc.filename)
+        text = f"{exc.strerror or exc}: {path}"
+        if cache_dir is not None and Path(path).is_relative_to(cache_dir):
+            text += f" (in the cache directory {cache_dir}, set by TUNEFORGE_CACHE_DIR)"
+        return text
+    if isinstance(exc, MemoryError):
+        return f"out of memory{': ' + str(exc) if str(exc) else ''}"
+    if isinstance(exc, RecursionError):
+        return f"input nested too deeply ({exc})"
+    return str(exc) or type(exc).__name__
+
+
+# SIGINT is 2; shells report a process it ended as 128 + 2.
+INTERRUPTED_STATUS = 130
+_interrupt = {"reported": False, "pending": False}
+
+
+def report_interrupt() -> None:
+    """Say, once, that Ctrl-C stopped the command (after the terminal's ^C, hence the newline)."""
+    if not _interrupt["reported"]:
+        _interrupt["reported"] = True
+        sys.stderr.write("\ninterrupted\n")
+        sys.stderr.flush()
+
+
+def exit_interrupted() -> None:
+    """Report Ctrl-C and end the process now, with the status of an interrupted command."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to save
+            stream.flush()
+    if not _interrupt["reported"]:
+        _interrupt["reported"] = True
+        os.write(2, b"\ninterrupted\n")
+    os._exit(INTERRUPTED_STATUS)
+
+
+def _interrupted_while_exiting(signum: int, frame: FrameType | None) -> None:
+    # A KeyboardInterrupt raised inside an exit handler prints a traceback and loses what that handler
+    # was flushing (records, statistics): the first Ctrl-C lets them finish, a second one stops at once.
+    if _interrupt["pending"]:
+        exit_interrupted()
+    _interrupt["pending"] = True
+
+
+def _report_late_interrupt() -> None:
+    if _interrupt["pending"]:
+        exit_interrupted()
+
+
+def hold_interrupts_at_exit() -> None:
+    """Call first in a command: its exit handler runs after every later-registered one (they run LIFO)."""
+    atexit.register(_report_late_interrupt)
+
+
+def exiting() -> None:
+    """From now on the command is done and the process is exiting: Ctrl-C is held (see above)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupted_while_exiting)

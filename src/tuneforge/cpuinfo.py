@@ -1,4 +1,10 @@
-"""What CPU this is: model name, the SIMD features actually usable, core count, cache sizes."""
+"""What CPU this is: model name, the SIMD features actually usable, core count, cache sizes.
+
+These facts name the machine in every tuning record's key (hashing.system_fingerprint), so they
+must tell apart machines whose timings differ even where the marketing name does not: a cloud VM
+says "AMD EPYC" for several generations, and an ARM kernel often has no model name at all. The
+vendor/family/model numbers (x86) or implementer/part (ARM) are kept as `ident` for that.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +21,21 @@ _X86_FEATURES = {
     "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512dq": "avx512dq", "avx512vl": "avx512vl",
     "avx512_vnni": "avx512_vnni", "avx512_bf16": "avx512_bf16", "avx512_fp16": "avx512_fp16",
     "amx_tile": "amx_tile", "avx_vnni": "avx_vnni",
+    # Vector extensions -march=native lets the compiler use: a VM that masks one of them (same model
+    # name) runs different code, so its records must not be shared.
+    "ssse3": "ssse3", "sse4_1": "sse4_1", "bmi2": "bmi2", "avx512cd": "avx512cd", "avx512ifma": "avx512ifma",
+    "avx512vbmi": "avx512vbmi", "avx512_vbmi2": "avx512_vbmi2", "avx512_bitalg": "avx512_bitalg",
+    "avx512_vpopcntdq": "avx512_vpopcntdq", "avx512_vp2intersect": "avx512_vp2intersect", "gfni": "gfni",
+    "vaes": "vaes", "vpclmulqdq": "vpclmulqdq", "amx_bf16": "amx_bf16", "amx_int8": "amx_int8",
 }
 _ARM_FEATURES = {"asimd": "neon", "fphp": "fp16", "asimdhp": "fp16", "sve": "sve", "sve2": "sve2",
-                 "asimddp": "dotprod", "i8mm": "i8mm", "bf16": "bf16"}
+                 "asimddp": "dotprod", "i8mm": "i8mm", "bf16": "bf16", "sme": "sme"}
+
+# The only file read on Linux; a name, not a literal, so tests can show a key follows its content.
+PROC_CPUINFO = Path("/proc/cpuinfo")
+# /proc/cpuinfo fields that identify the silicon beyond its name (x86: vendor, family, model;
+# ARM: implementer, variant, part). Not the stepping: steppings of one model run the same code alike.
+_IDENT_FIELDS = ("vendor_id", "cpu family", "model", "cpu implementer", "cpu variant", "cpu part")
 
 
 @dataclass(frozen=True)
@@ -28,6 +46,7 @@ class CpuInfo:
     cores: int  # logical CPUs of the machine (not only those this process may use)
     # L1d, L2, L3 sizes; empty means "read them from the system" (cache_sizes(), only kernels need them)
     cache_bytes: dict[str, int] = field(default_factory=dict)
+    ident: str = ""  # e.g. "vendor_id=AuthenticAMD,cpu family=26,model=2"; empty where unknown
 
     def caches(self) -> dict[str, int]:
         return self.cache_bytes or cache_sizes()
@@ -36,22 +55,27 @@ class CpuInfo:
         return feature in self.isa
 
 
-def _linux_cpuinfo() -> tuple[str, set[str]]:
-    model, flags = "", set[str]()
+def _linux_cpuinfo() -> tuple[str, set[str], str]:
+    """(model name, raw feature flags, ident) of the first processor listed."""
+    model, flags, ident = "", set[str](), dict[str, str]()
     try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
+        text = PROC_CPUINFO.read_text(errors="replace")
     except OSError:
-        return model, flags
+        return model, flags, ""
     for line in text.splitlines():
+        if not line.strip():
+            if model and flags:
+                break  # the first processor's block is complete; the others repeat it
+            continue  # no name yet: ARM kernels may name the board in a block at the end
         key, _, value = line.partition(":")
-        key = key.strip().lower()
+        key, value = key.strip().lower(), value.strip()
         if key in ("model name", "cpu model", "hardware") and not model:
-            model = value.strip()
+            model = value
         elif key in ("flags", "features") and not flags:
             flags = set(value.split())
-        if model and flags:
-            break
-    return model, flags
+        elif key in _IDENT_FIELDS and key not in ident:
+            ident[key] = value
+    return model, flags, ",".join(f"{k}={ident[k]}" for k in _IDENT_FIELDS if k in ident)
 
 
 def _darwin_sysctl(name: str) -> str:
@@ -89,9 +113,9 @@ def cache_sizes() -> dict[str, int]:
 def cpu_info() -> CpuInfo:
     arch = platform.machine().lower()
     system = platform.system()
-    model, raw = "", set[str]()
+    model, raw, ident = "", set[str](), ""
     if system == "Linux":
-        model, raw = _linux_cpuinfo()
+        model, raw, ident = _linux_cpuinfo()
     elif system == "Darwin":
         model = _darwin_sysctl("machdep.cpu.brand_string")
         raw = set(_darwin_sysctl("machdep.cpu.features").lower().split())
@@ -100,4 +124,5 @@ def cpu_info() -> CpuInfo:
             raw.add("asimd")  # every Apple silicon core has NEON
     table = _ARM_FEATURES if arch in ("aarch64", "arm64") else _X86_FEATURES
     isa = tuple(sorted({table[f] for f in raw if f in table}))
-    return CpuInfo(model=model or platform.processor() or arch, arch=arch, isa=isa, cores=os.cpu_count() or 1)
+    return CpuInfo(model=model or platform.processor() or arch, arch=arch, isa=isa, cores=os.cpu_count() or 1,
+                   ident=ident)

@@ -61,6 +61,66 @@ def _cache_dir_check() -> Check:
         return Check("cache dir writable", False, f"{root}: {exc} (set TUNEFORGE_CACHE_DIR)")
 
 
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        # Free pages only (no reclaimable page cache): an underestimate, used where /proc is missing.
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _cgroup_available() -> int | None:
+    """What a container's cgroup memory limit (v2 or v1) still allows; None when there is none."""
+    candidates: list[tuple[Path, str, str]] = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.strip().split(":", 2)
+                if controllers == "":  # v2: one unified hierarchy
+                    root, files = Path("/sys/fs/cgroup"), ("memory.max", "memory.current")
+                elif "memory" in controllers.split(","):
+                    root, files = Path("/sys/fs/cgroup/memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
+                else:
+                    continue
+                # Inside a container the cgroup path of /proc is often not mounted: fall back to the root.
+                candidates += [(root / path.lstrip("/"), *files), (root, *files)]
+    except (OSError, ValueError):
+        return None
+    for base, limit_name, usage_name in candidates:
+        try:
+            limit = (base / limit_name).read_text().strip()
+            if limit == "max" or int(limit) >= 2**60:  # v1 spells "no limit" as a huge number
+                return None
+            return max(0, int(limit) - int((base / usage_name).read_text()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate without swapping or being killed; None when unknown.
+
+    /proc/meminfo describes the host; inside a container the cgroup limit is what ends a process.
+    """
+    known = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
+    return min(known) if known else None
+
+
+def _memory_check() -> Check:
+    from tuneforge.parsing import format_size
+
+    available = available_memory()
+    return Check("memory available", available is not None,
+                 format_size(available) if available is not None else "unknown", required=False)
+
+
 def _optional(module: str, purpose: str) -> Check:
     present = importlib.util.find_spec(module) is not None  # found, not imported: stays fast
     return Check(f"optional: {module}", present, purpose if present else f"not installed ({purpose})",
@@ -73,7 +133,7 @@ def run_checks() -> list[Check]:
     cpu = cpu_info()
     checks = [Check("CPU", True, f"{cpu.model} ({cpu.cores} cores)"),
               Check("ISA features", True, " ".join(cpu.isa) or "none detected", required=False),
-              _cache_dir_check()]
+              _memory_check(), _cache_dir_check()]
     checks += _compiler_checks()
     checks += [_optional("redis", "remote cache tier, pip install 'tuneforge[redis]'"),
                _optional("ray", "distributed tuning, pip install 'tuneforge[distributed]'"),

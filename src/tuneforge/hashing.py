@@ -116,9 +116,18 @@ def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
 def system_fingerprint() -> dict[str, Any]:
-    """Facts about this machine that can change a tuning result; computed once per process."""
+    """Facts about this machine that can change a tuning result: computed once per process and
+    compiler setting (a record tuned with one compiler must not answer for another one)."""
+    from tuneforge import config
+
+    # The compiler is found from these three strings (toolchain.find_compiler): keying on them costs
+    # a few dict lookups per call (~1.5 us), where resolving the compiler would stat PATH every select().
+    return _fingerprint(config.get("cpp.cxx") or "", os.environ.get("CXX", ""), os.environ.get("PATH", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(cxx_setting: str, cxx_env: str, path: str) -> dict[str, Any]:
     from tuneforge import cpuinfo
     from tuneforge.compile.toolchain import default_toolchain
 
@@ -131,6 +140,7 @@ def system_fingerprint() -> dict[str, Any]:
         "os": platform.system(),
         "machine": platform.machine(),
         "cpu_model": cpu.model,
+        "cpu_id": cpu.ident,
         "isa": list(cpu.isa),
         "cores": cpu.cores,
         "compiler": compiler,
@@ -139,3 +149,8 @@ def system_fingerprint() -> dict[str, Any]:
     }
     facts["hash"] = key_hash(facts)
     return facts
+
+
+def clear_fingerprint_cache() -> None:
+    """Forget the fingerprints computed so far (after the facts behind them were re-read)."""
+    _fingerprint.cache_clear()

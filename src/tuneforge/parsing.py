@@ -7,12 +7,14 @@ adds which setting or environment variable it came from.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -64,7 +66,15 @@ def _float_value(value: Any) -> float:
         value = parse_float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"expected a number, got {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"expected a finite number, got {value!r}") from None
+    # Every float setting is a time, a ratio or a margin: inf would wait forever and nan compares false
+    # with everything, so neither can work.
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {number}")
+    return number
 
 
 def coerce_positive_int(value: Any) -> int:
@@ -151,6 +161,70 @@ def coerce_optional_str(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value or None
     raise TypeError(f"expected a string, got {value!r}")
+
+
+_URL_SCHEMES = ("redis", "rediss", "unix")
+_SECRET_QUERY_KEYS = frozenset({"password", "pass", "secret", "token"})
+
+
+def mask_url_password(url: str) -> str:
+    """`url` with its password (in the user part or a ``password=`` query) replaced by ``***``, for display."""
+    try:
+        parts = urlsplit(url)
+        has_password = parts.password is not None
+    except ValueError:
+        return url
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if not has_password and not any(k.lower() in _SECRET_QUERY_KEYS for k, _ in pairs):
+        return url
+    netloc = parts.netloc
+    if has_password:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    query = urlencode([(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*")
+    # Not urlunsplit: it drops the "//" of an empty host (unix:///path).
+    return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+            + (f"#{parts.fragment}" if parts.fragment else ""))
+
+
+def coerce_remote_url(value: Any) -> str | None:
+    """A URL the remote tier can open, checked when it is set rather than at the first remote call."""
+    text = coerce_optional_str(value)
+    if text is None:
+        return None
+    shown = mask_url_password(text)  # error messages end up in logs: never echo a password
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL ({exc}): {shown!r}") from None
+    if parts.scheme not in _URL_SCHEMES:
+        raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {shown!r}")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"a unix:// URL needs the socket path (unix:///run/redis.sock), got {shown!r}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"a {parts.scheme}:// URL needs a host (redis://host:6379/0), got {shown!r}")
+    return text
+
+
+_EMPTY_SECRET = ("the secret is empty; set the same non-empty secret on every machine that shares the remote "
+                 "cache, or unset it (and set remote.allow_unsigned=true to share unsigned artifacts knowingly)")
+
+
+def parse_secret(text: str) -> str:
+    # An empty variable must not read as "unset": that would silently turn signing off.
+    if not text.strip():
+        raise ValueError(_EMPTY_SECRET)
+    return text
+
+
+def coerce_secret(value: Any) -> str | None:
+    """None (no signing) or a non-empty secret."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError("expected a string")  # the value itself is never echoed: it may be the secret
+    return parse_secret(value)
 
 
 def coerce_namespace(value: Any) -> str:

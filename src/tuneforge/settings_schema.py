@@ -31,6 +31,8 @@ class Setting:
     # verbosity) are excluded from `cache_key_hash()`; the exclusion is declared here, per setting.
     in_cache_key: bool = True
     secret: bool = False  # never displayed (config show prints *** instead)
+    # What `config show` prints instead of a value that holds a secret in part (a URL's password).
+    redact: Callable[[Any], Any] | None = None
 
     @property
     def env_var(self) -> str:
@@ -72,7 +74,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("compile_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 600.0,
             "Seconds after which a compiler run is killed.", in_cache_key=False),
     Setting("lock_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 900.0,
-            "Seconds to wait for another process building the same artifact.", in_cache_key=False),
+            "Seconds to wait for another process building the same artifact, or measuring the same selection.",
+            in_cache_key=False),
     Setting("debug", parsing.parse_bool, parsing.coerce_bool, False,
             "Keep build directories and print compiler commands.", in_cache_key=False),
     Setting("log_level", parsing.parse_log_level, parsing.coerce_log_level, "WARNING",
@@ -146,13 +149,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("compile.progress", parsing.parse_bool, parsing.coerce_bool, True,
             "Show a progress bar for parallel builds when stderr is a terminal.", in_cache_key=False),
     # Shared caches: a Redis tier and shipped bundles of tuning records.
-    Setting("remote.url", parsing.parse_optional_str, parsing.coerce_optional_str, None,
-            "Redis URL of the shared cache (redis://host:port/db); unset: local caches only.", in_cache_key=False),
+    Setting("remote.url", parsing.parse_optional_str, parsing.coerce_remote_url, None,
+            "URL of the shared Redis cache (redis://, rediss:// or unix://; redis://[user:password@]host:port/db); "
+            "unset: local caches only.", in_cache_key=False, redact=parsing.mask_url_password),
     Setting("remote.namespace", parsing.parse_optional_str, parsing.coerce_namespace, "tuneforge",
             "Prefix of every Redis key, so teams or projects can share one server.", in_cache_key=False),
-    Setting("remote.secret", parsing.parse_optional_str, parsing.coerce_optional_str, None,
+    Setting("remote.secret", parsing.parse_secret, parsing.coerce_secret, None,
             "Shared secret: every remote value is signed (HMAC-SHA256) and unsigned or mis-signed values are "
-            "rejected.", in_cache_key=False, secret=True),
+            "rejected. Unset: no signing; set but empty: an error.", in_cache_key=False, secret=True),
+    Setting("remote.allow_unsigned", parsing.parse_bool, parsing.coerce_bool, False,
+            "Accept a remote cache without remote.secret silently. Unsigned remote artifacts are native code that "
+            "anyone who can write to the server can make every client load; without this setting a remote URL "
+            "without a secret prints one warning per process.", in_cache_key=False),
     Setting("remote.ttl_s", parsing.parse_float, parsing.coerce_non_negative_float, 30 * 24 * 3600.0,
             "Seconds a remote entry lives (0: forever).", in_cache_key=False),
     Setting("remote.max_entry_bytes", parsing.parse_size, parsing.coerce_positive_int, 64 * 2**20,

@@ -22,7 +22,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,6 +33,7 @@ from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry
 from tuneforge.store.default import default_store
+from tuneforge.store.entry import KEY_RE
 from tuneforge.store.tiers import from_remote_or, share_artifact
 
 log = logging.getLogger("tuneforge.compile")
@@ -54,6 +55,11 @@ class CppBuild:
     openmp: bool = False
     include_dirs: tuple[str, ...] = ()
     python_module: bool = False
+    # Who asked for the build (a template choice's render identity) and the functions the module
+    # exports: kept in the artifact's meta so a record naming the artifact can be checked without a
+    # render, but not part of the key (or of equality): the same source is the same artifact.
+    origin: str = field(default="", compare=False)
+    entries: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def output_name(self) -> str:
@@ -178,8 +184,11 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
     if config.get("debug"):
         log.info("compiled %s: %s", key, " ".join(command))
     module = _INIT.findall(build.source)[0] if build.python_module else None
-    return {"output": build.output_name, "compile_seconds": round(time.perf_counter() - started, 4),
-            "compiler_warnings": proc.stderr[-4000:], "module": module}
+    meta: dict[str, Any] = {"output": build.output_name, "compile_seconds": round(time.perf_counter() - started, 4),
+                            "compiler_warnings": proc.stderr[-4000:], "module": module}
+    if build.origin:
+        meta.update(origin=build.origin, entries=list(build.entries), settings=_settings_digest())
+    return meta
 
 
 def artifact_key(build: CppBuild, toolchain: Toolchain | None = None) -> tuple[str, dict[str, Any]]:
@@ -243,9 +252,13 @@ _INIT = re.compile(r"\bPyInit_([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
 def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
-                   openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = ()) -> CppBuild:
-    """The build of an extension module (see load_module), as data: what a build pool worker needs."""
-    from tuneforge.compile.bindings import module_source
+                   openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
+                   origin: str = "") -> CppBuild:
+    """The build of an extension module (see load_module), as data: what a build pool worker needs.
+
+    `origin` names who asks (see `CppBuild.origin`); it goes into the artifact's meta, not its key.
+    """
+    from tuneforge.compile.bindings import module_source, parse_prototype
 
     full_source = module_source(source, functions) if functions else source
     names = _INIT.findall(full_source)
@@ -253,7 +266,9 @@ def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequenc
         raise CompileError("an extension module source must define exactly one PyInit_<name> function "
                            f"(found {len(names)}); or pass functions=[...] to generate the bindings",
                            command=[], stderr="", source_path=None)
-    return _request(full_source, flags, openmp, include_dirs, python_module=True)
+    request = _request(full_source, flags, openmp, include_dirs, python_module=True)
+    entries = tuple(parse_prototype(f).name for f in functions)
+    return replace(request, origin=origin, entries=entries)
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:
@@ -273,44 +288,80 @@ def _refuse(staging: Path) -> Mapping[str, Any]:
     raise _NotStored
 
 
-_by_key: dict[tuple[str, str], ModuleType] = {}
+class ArtifactMismatch(Exception):
+    """A key that a record names does not hold the code the caller expects; the message says why.
+
+    `suspect` is False where the record is merely out of date (the caller's own code, built under
+    other cpp.* settings), True where it names code that is not the caller's at all.
+    """
+
+    def __init__(self, message: str, *, suspect: bool = True) -> None:
+        super().__init__(message)
+        self.suspect = suspect
 
 
-def load_module_by_key(key: str) -> ModuleType | None:
-    """The extension module stored under `key` (local store, else the remote), or None.
+def _settings_digest() -> str:
+    # The settings that change a build's command line (the compiler itself is in the selection key).
+    return key_hash([config.get("cpp.flags"), config.get("cpp.march"), config.get("cpp.opt_level"),
+                     config.get("cpp.include_dirs")])
+
+
+_by_key: dict[tuple[str, str], tuple[ModuleType, dict[str, Any]]] = {}
+
+
+def _check_built_for(key: str, meta: Mapping[str, Any], origin: str, entry: str) -> None:
+    if not isinstance(meta.get("module"), str) or not isinstance(meta.get("output"), str):
+        raise ArtifactMismatch(f"artifact {key} is not an extension module")
+    if meta.get("origin") != origin:
+        raise ArtifactMismatch(f"artifact {key} was not built from this choice's template and configuration")
+    entries = meta.get("entries")
+    if not isinstance(entries, list) or entry not in entries:
+        raise ArtifactMismatch(f"artifact {key} does not export {entry!r} (it exports {entries!r})")
+    if meta.get("settings") != _settings_digest():
+        raise ArtifactMismatch(f"artifact {key} was built under other cpp.* settings", suspect=False)
+
+
+def load_module_by_key(key: str, *, origin: str, entry: str) -> ModuleType | None:
+    """The extension module stored under `key` (local store, else the remote), checked before it is imported.
 
     Used with keys that tuning records remember, so a warm start needs no template render and no
-    compiler probe; None sends the caller back to the normal build.
+    compiler probe. A record is data from outside (an imported or shipped bundle), so the key is
+    trusted only if the artifact's meta says it was built for `origin` (a template choice's render
+    identity) under the current cpp.* settings and exports `entry`; otherwise ArtifactMismatch. None:
+    the artifact is stored nowhere. Either way the caller goes back to the normal build.
     """
+    if not isinstance(key, str) or not key.startswith("cpp") or not KEY_RE.fullmatch(key):
+        raise ArtifactMismatch(f"{key!r} is not a C++ artifact key")
     store = default_store()
     memo = (str(store.root), key)
-    module = _by_key.get(memo)
-    if module is not None:
-        return module
+    known = _by_key.get(memo)
+    if known is not None:
+        _check_built_for(key, known[1], origin, entry)
+        return known[0]
     try:
-        entry = store.get(key) or store.get_or_build(key, from_remote_or(key, _refuse))
+        stored = store.get(key) or store.get_or_build(key, from_remote_or(key, _refuse))
     except _NotStored:
         return None
-    name = entry.meta.get("module")
-    if not isinstance(name, str):
-        return None
-    module = _import_extension(name, entry.file(entry.meta["output"]))
+    _check_built_for(key, stored.meta, origin, entry)
+    module = _import_extension(stored.meta["module"], stored.file(stored.meta["output"]))
     module.tuneforge_key = key  # type: ignore[attr-defined]
-    _by_key[memo] = module
+    _by_key[memo] = (module, dict(stored.meta))
     return module
 
 
 def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
-                openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = ()) -> ModuleType:
+                openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
+                origin: str = "") -> ModuleType:
     """Build and import a CPython extension module: calls go straight in, without ctypes' overhead.
 
     Either `source` is a complete extension module (it defines ``PyInit_<name>``), or `functions`
     lists C prototypes of ``extern "C"`` functions in `source` (``"void add(float* out, const float* x,
     int64_t n)"``) and tuneforge generates the module around them: pointer arguments take numpy
     arrays (or anything with the buffer protocol) or integer addresses; integers and floats map to
-    Python numbers.
+    Python numbers. `origin` is kept in the artifact's meta (see `CppBuild.origin`).
     """
-    request = module_request(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs)
+    request = module_request(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs,
+                             origin=origin)
     memo = _memo_key(request)
     module = _libraries.get(memo)
     if module is None:

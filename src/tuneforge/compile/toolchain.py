@@ -8,6 +8,7 @@ a fresh process pays one stat() and one small JSON read.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -137,7 +138,7 @@ def find_compiler() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=16)
 def _probe_key(command: tuple[str, ...]) -> str:
     cpu = cpuinfo.cpu_info()
-    parts: list[str] = [str(PROBE_FORMAT), cpu.model, ",".join(cpu.isa)]
+    parts: list[str] = [str(PROBE_FORMAT), cpu.model, cpu.ident, ",".join(cpu.isa)]
     for binary in command:
         st = os.stat(binary)
         parts += [binary, str(st.st_size), str(st.st_mtime_ns), str(st.st_ino)]
@@ -229,7 +230,9 @@ def _save_probe(path: Path, data: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("cannot save compiler probe to %s: %s", path.parent, exc)
+        # A read-only cache (shared, pre-built) is reported once by the store; probing again is cheap.
+        quiet = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "cannot save compiler probe to %s: %s", path.parent, exc)
 
 
 _targets: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}

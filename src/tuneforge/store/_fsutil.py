@@ -1,4 +1,9 @@
-"""File-system helpers for the artifact store: cross-process locks, durable writes, temp names."""
+"""File-system helpers for the artifact store: cross-process locks, durable writes, temp names, and the
+private overlay directory that a read-only cache falls back to.
+
+Removal never follows a symbolic link: a link planted in the cache must not let a cleanup delete files
+outside it.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,22 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 _CHUNK = 1 << 20
+log = logging.getLogger("tuneforge.store")
+
+# errno values that say "this place cannot be written" (as opposed to a transient failure)
+READONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class LockTimeout(Exception):
@@ -152,14 +164,77 @@ def atomic_write(path: Path, data: bytes, tmp_dir: Path, *, label: str) -> None:
 
 
 def remove_path(path: Path) -> None:
-    """Remove a file or directory tree, ignoring anything already gone."""
+    """Remove a file or directory tree, ignoring anything already gone; a symlink is removed itself,
+    never what it points to (rmtree's fd-based walk does not follow links inside the tree either)."""
     try:
-        if path.is_dir() and not path.is_symlink():
+        if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path, ignore_errors=True)
         else:
-            path.unlink()
+            os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def move_aside(path: Path, label: str, expected_ino: int, *, companions: tuple[str, ...] = (),
+               drop: tuple[str, ...] = ()) -> Path | None:
+    """Rename ``path`` to ``<path>.<label>-<time>-<pid>`` if it is still the file with inode
+    ``expected_ino`` (None if it is gone or was replaced); files named ``<path><suffix>`` for each of
+    ``companions`` go with it, those for ``drop`` are removed.  Raises OSError if it cannot be moved."""
+    aside = path.with_name(f"{path.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    try:
+        if os.stat(path).st_ino != expected_ino:
+            return None
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return None
+    for suffix in companions:
+        with contextlib.suppress(OSError):
+            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    for suffix in drop:
+        with contextlib.suppress(OSError):
+            os.unlink(f"{path}{suffix}")
+    return aside
+
+
+def check_real_dirs(*paths: Path) -> None:
+    """Raise OSError naming the first of ``paths`` that exists but is a symlink or not a directory.
+
+    Cleanup walks these directories and deletes what it finds; through a link it would delete files
+    outside the cache.
+    """
+    for path in paths:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link; tuneforge refuses a cache whose "
+                          f"directories are links (replace it with a real directory)", str(path))
+        if not stat.S_ISDIR(mode):
+            raise OSError(errno.ENOTDIR, f"{path} is not a directory (remove it)", str(path))
+
+
+def remove_stale_temp(tmp: Path, max_age_s: float) -> int:
+    """Remove the items of ``tmp`` made by dead processes of this host or older than ``max_age_s``
+    (links as links); return how many."""
+    removed = 0
+    now = time.time()
+    try:
+        items = list(os.scandir(tmp))
+    except FileNotFoundError:
+        return 0
+    for item in items:
+        owner = parse_temp_name(item.name)
+        dead = owner is not None and owner[0] == hostname() and not pid_alive(owner[1])
+        try:
+            old = now - item.stat(follow_symlinks=False).st_mtime > max_age_s
+        except FileNotFoundError:
+            continue
+        if dead or old:
+            log.info("removing leftover staging %s", item.path)
+            remove_path(Path(item.path))
+            removed += 1
+    return removed
 
 
 def tree_size(path: Path) -> int:
@@ -171,6 +246,64 @@ def tree_size(path: Path) -> int:
                 if item.is_file(follow_symlinks=False):
                     total += item.stat(follow_symlinks=False).st_size
     return total
+
+
+def writable_dir(path: Path) -> bool:
+    """Whether new files can be made in ``path`` (or, if it does not exist, in its nearest existing
+    parent). ``os.access`` sees a read-only mount even for root, where permission bits do not count."""
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK)
+    return False
+
+
+# Worker processes inherit what was announced, so a pool of them does not repeat the warning.
+_NOTED_ENV = "_TUNEFORGE_READONLY_NOTED"
+
+
+def warn_readonly(scope: Path, overlay: Path, reason: str) -> None:
+    """One warning per process tree and cache directory that it is read-only and where new work goes
+    (the record database and the artifact store below it share the warning)."""
+    text = str(scope)
+    noted = [w for w in os.environ.get(_NOTED_ENV, "").split(os.pathsep) if w]
+    if any(text == w or text.startswith(w + os.sep) or w.startswith(text + os.sep) for w in noted):
+        log.debug("%s is read-only (%s); using %s", scope, reason, overlay)
+        return
+    os.environ[_NOTED_ENV] = os.pathsep.join([*noted, text])
+    log.warning("cache directory %s is read-only (%s): lookups use it; what this process builds or measures "
+                "goes to %s", scope, reason, overlay)
+
+
+def overlay_dir(of: Path) -> Path:
+    """A private writable directory that stands in for the read-only cache directory ``of``.
+
+    Shared by this user's processes under the temp dir, so a second process reuses what the first one
+    built; the directory must be a real one owned by us and closed to others, since code is loaded
+    from it. Otherwise (someone else made it) a fresh private one is used for this process.
+    """
+    known = _overlays.get(str(of))
+    if known is not None:
+        return known
+    digest = hashlib.sha256(os.fsencode(str(of))).hexdigest()[:16]
+    top = Path(tempfile.gettempdir()) / f"tuneforge-overlay-{os.geteuid()}"
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(top, 0o700)
+        st = os.lstat(top)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise PermissionError(errno.EACCES, "not a private directory of this user", str(top))
+        path = top / digest
+        path.mkdir(mode=0o700, exist_ok=True)
+        check_real_dirs(path)
+    except OSError as exc:
+        path = Path(tempfile.mkdtemp(prefix=f"tuneforge-overlay-{digest}-"))
+        log.warning("cannot use the shared overlay directory %s (%s); using %s for this process",
+                    top, exc, path)
+    _overlays[str(of)] = path
+    return path
+
+
+_overlays: dict[str, Path] = {}
 
 
 _host_cache: list[str] = []

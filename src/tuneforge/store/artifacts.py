@@ -9,6 +9,11 @@ Layout under ``root``::
 
 An entry is built in a staging dir and published with one atomic ``os.rename``, so a reader never
 sees a partial entry.  The last-used time is the mtime of ``manifest.json``, bumped on every hit.
+
+A store whose directory cannot be written (a shared, pre-built cache mounted read-only) still serves
+its entries; what it lacks is built in an overlay store in a private temp directory, announced by one
+warning.  Cleanup never follows a symbolic link: ``entries``, ``tmp`` or ``locks`` being a link is
+refused, links inside them are removed as links.
 """
 
 from __future__ import annotations
@@ -18,17 +23,15 @@ import errno
 import json
 import logging
 import os
+import stat
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneforge.store import _fsutil as fs
 from tuneforge.store.entry import (
-    KEY_RE,
     MANIFEST,
     Entry,
     StoreError,
@@ -36,10 +39,12 @@ from tuneforge.store.entry import (
     check_manifest,
     json_dict,
     make_manifest,
+    scan_entries,
+    scan_staging,
     validate_file_name,
     validate_key,
 )
-from tuneforge.store.stats import StatsFile, StoreStats
+from tuneforge.store.stats import PruneResult, StatsFile, StoreStats
 
 __all__ = ["ArtifactStore", "Entry", "PruneResult", "StoreError", "StoreStats", "validate_file_name",
            "validate_key"]
@@ -50,11 +55,8 @@ _PRUNE_FRACTION = 0.9  # an automatic prune goes down to this fraction of max_by
 _STATS_FLUSH_INTERVAL_S = 5.0  # pending hit/miss counters are flushed at least this often (on use)
 
 
-@dataclass
-class PruneResult:
-    removed: int
-    freed_bytes: int
-    remaining_bytes: int
+class _ReadOnly(StoreError):
+    """Raised before anything is written when the store's directory turns out not to be writable."""
 
 
 class ArtifactStore:
@@ -73,13 +75,23 @@ class ArtifactStore:
         self._entries = self.root / "entries"
         self._tmp = self.root / "tmp"
         self._locks = self.root / "locks"
+        ref = weakref.ref(self)  # not self: the finaliser below must not keep the store alive
+
+        def recount_bytes() -> int:
+            store = ref()
+            if store is None:
+                raise StoreError("the store is gone")
+            return sum(size for *_, size in store._scan())
+
         self._stats = StatsFile(self.root / "stats.json", self.root / "stats.lock", self._tmp,
-                                min(self.lock_timeout_s, 30.0))
+                                min(self.lock_timeout_s, 30.0), recount_bytes=recount_bytes)
         # (dir inode, manifest dev, manifest inode, manifest size) of entries whose checksums this
         # instance has verified; the manifest mtime is left out because every hit bumps it.
         self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._cleaned_temp = False
         self._mutex = threading.Lock()
+        self._mode_checked = self._layout_checked = False  # whether it is writable, has no linked dirs
+        self._overlay: ArtifactStore | None = None  # set when the store cannot be written
         weakref.finalize(self, self._stats.flush_quietly)  # on garbage collection or interpreter exit
 
     def __repr__(self) -> str:
@@ -88,34 +100,78 @@ class ArtifactStore:
     # ----------------------------------------------------------------------------------- paths, locks
 
     def _entry_dir(self, key: str) -> Path:
-        return self._entries / key[:2] / key
+        shard = self._entries / key[:2]
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(shard).st_mode):  # a link: lookups would discard, builds write, outside
+                raise StoreError(f"artifact store {self.root}: {shard} is a symbolic link or file; remove it")
+        return shard / key
 
     def _key_lock_path(self, key: str) -> Path:
         return self._locks / key[:2] / f"{key}.lock"
 
+    def _check_layout(self) -> None:
+        """Refuse a store whose working directories are symlinks (cleanup would delete through them)."""
+        try:
+            fs.check_real_dirs(self._entries, self._tmp, self._locks)
+        except OSError as exc:
+            raise StoreError(f"artifact store {self.root}: {exc.strerror}") from None
+
+    def _overlay_store(self) -> ArtifactStore | None:
+        """The overlay that takes this store's writes if its directory cannot be written, else None."""
+        if not self._mode_checked:
+            self._mode_checked = True
+            if not all(fs.writable_dir(d) for d in (self.root, self._entries, self._tmp, self._locks)):
+                self._degrade("not writable")
+        return self._overlay
+
+    def _degrade(self, reason: str) -> ArtifactStore:
+        with self._mutex:
+            if self._overlay is None:
+                root = fs.overlay_dir(self.root.parent) / self.root.name
+                self._overlay = ArtifactStore(root, self.max_bytes, lock_timeout_s=self.lock_timeout_s)
+                self._stats.readonly = True
+                fs.warn_readonly(self.root, root, reason)
+            return self._overlay
+
+    def _read_only_error(self, doing: str) -> StoreError:
+        return StoreError(f"artifact store {self.root} is read-only; cannot {doing} (make it writable)")
+
     @contextlib.contextmanager
     def _lock(self, path: Path, what: str) -> Iterator[None]:
+        entered = False
         try:
             with fs.file_lock(path, self.lock_timeout_s):
+                entered = True
                 yield
         except fs.LockTimeout as exc:
             raise StoreError(f"timed out after {self.lock_timeout_s:g}s waiting for the lock on {what} "
                              f"({exc.path}); another process holds it") from None
+        except OSError as exc:
+            if entered or exc.errno not in fs.READONLY_ERRNOS:
+                raise
+            raise _ReadOnly(f"cannot create the lock {path} ({exc.strerror})") from exc
 
     def _new_staging(self, key: str) -> Path:
-        self._tmp.mkdir(parents=True, exist_ok=True)
-        while True:
-            path = self._tmp / fs.temp_name(key)
-            try:
-                path.mkdir()
-                return path
-            except FileExistsError:  # pragma: no cover - 48 random bits
-                continue
+        self._check_layout()
+        try:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            while True:
+                path = self._tmp / fs.temp_name(key)
+                try:
+                    path.mkdir()
+                    return path
+                except FileExistsError:  # pragma: no cover - 48 random bits
+                    continue
+        except OSError as exc:
+            if exc.errno not in fs.READONLY_ERRNOS:
+                raise
+            raise _ReadOnly(f"cannot create a staging directory in {self._tmp} ({exc.strerror})") from exc
 
     def _trash(self, path: Path) -> Path | None:
         """Atomically move an entry dir out of ``entries/`` into ``tmp/``; None if it was already gone."""
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
+        self._check_layout()  # renaming into a linked tmp/ would move the entry out of the store
         self._tmp.mkdir(parents=True, exist_ok=True)
         doomed = self._tmp / fs.temp_name("trash")
         try:
@@ -131,18 +187,26 @@ class ArtifactStore:
 
     def _lookup(self, key: str) -> Entry | None:
         """Find and verify an entry without counting a hit or miss; bad entries are removed."""
+        if not self._layout_checked:
+            self._check_layout()
+            self._layout_checked = True
         path = self._entry_dir(key)
         try:
-            dir_ino = os.stat(path).st_ino
+            dir_st = os.lstat(path)
         except FileNotFoundError:
             return None
+        dir_ino = dir_st.st_ino
         mpath = path / MANIFEST
         problem: str | None
         try:
+            if not stat.S_ISDIR(dir_st.st_mode):
+                raise NotADirectoryError(f"{path} is not a directory")  # e.g. a planted symlink
             st = os.stat(mpath)
             manifest = json.loads(mpath.read_bytes())
         except FileNotFoundError:
             problem = "manifest.json is missing"
+        except NotADirectoryError as exc:
+            problem = str(exc)
         except (OSError, ValueError) as exc:
             problem = f"manifest.json is unreadable ({exc})"
         else:
@@ -163,14 +227,17 @@ class ArtifactStore:
         return Entry(key, path, manifest)
 
     def _discard_corrupt(self, key: str, path: Path, dir_ino: int, reason: str) -> None:
-        log.warning("artifact store entry %s is corrupt (%s); removing it", key, reason)
         self._stats.add("corrupt")
         self._verified.pop(key, None)
+        if self._overlay is not None:  # read-only: it cannot be removed, only ignored
+            log.warning("artifact store entry %s is corrupt (%s); ignoring it", key, reason)
+            return
+        log.warning("artifact store entry %s is corrupt (%s); removing it", key, reason)
         doomed = self._trash(path)
         if doomed is None:
             return
         with contextlib.suppress(OSError):
-            if os.stat(doomed).st_ino != dir_ino:
+            if os.lstat(doomed).st_ino != dir_ino:
                 # The bad entry was replaced between our check and the rename: put the new one back.
                 with contextlib.suppress(OSError):
                     os.rename(doomed, path)
@@ -181,14 +248,19 @@ class ArtifactStore:
     def get(self, key: str) -> Entry | None:
         """The verified entry for ``key``, or None (a miss).  A corrupt entry is removed and is a miss."""
         validate_key(key)
+        overlay = self._overlay_store()
         entry = self._lookup(key)
+        if entry is None and overlay is not None:
+            entry = overlay._lookup(key)
         self._stats.add("hits" if entry is not None else "misses")
         self._stats.maybe_flush(_STATS_FLUSH_INTERVAL_S)
         return entry
 
     def contains(self, key: str) -> bool:
         """Cheap existence check (no checksums, no counters)."""
-        return (self._entry_dir(validate_key(key)) / MANIFEST).is_file()
+        overlay = self._overlay_store()
+        return (self._entry_dir(validate_key(key)) / MANIFEST).is_file() or (
+            overlay is not None and overlay.contains(key))
 
     # ---------------------------------------------------------------------------------------- write
 
@@ -203,9 +275,12 @@ class ArtifactStore:
         for name in files:
             validate_file_name(name)
         meta_d, inputs_d = json_dict(meta, "meta"), json_dict(key_inputs, "key_inputs")
+        overlay = self._overlay_store()
         existing = self._lookup(key)  # don't copy big files just to throw them away
         if existing is not None:
             return existing
+        if overlay is not None:
+            return overlay.put(key, files, meta=meta_d, key_inputs=inputs_d)
         self._cleanup_temp_once()
 
         def write_files(staging: Path) -> dict[str, dict[str, Any]]:
@@ -222,7 +297,10 @@ class ArtifactStore:
                 table[name] = {"size": size, "sha256": digest}
             return table
 
-        entry, published = self._stage_and_publish(key, write_files, meta_d, inputs_d)
+        try:
+            entry, published = self._stage_and_publish(key, write_files, meta_d, inputs_d)
+        except _ReadOnly as exc:
+            return self._degrade(str(exc)).put(key, files, meta=meta_d, key_inputs=inputs_d)
         if published:
             self._after_put(key)
         return entry
@@ -238,11 +316,21 @@ class ArtifactStore:
         """
         validate_key(key)
         meta_d, inputs_d = json_dict(meta, "meta"), json_dict(key_inputs, "key_inputs")
+        overlay = self._overlay_store()
         entry = self._lookup(key)
         if entry is not None:
             self._stats.add("hits")
             self._stats.maybe_flush(_STATS_FLUSH_INTERVAL_S)
             return entry
+        if overlay is None:
+            try:
+                return self._build_here(key, build, meta_d, inputs_d)
+            except _ReadOnly as exc:  # raised before build() ran: nothing to undo
+                overlay = self._degrade(str(exc))
+        return overlay.get_or_build(key, build, meta=meta_d, key_inputs=inputs_d)
+
+    def _build_here(self, key: str, build: Callable[[Path], Mapping[str, Any] | None], meta_d: dict[str, Any],
+                    inputs_d: dict[str, Any]) -> Entry:
         with self._lock(self._key_lock_path(key), f"key {key!r}"):
             entry = self._lookup(key)  # built by another process while we waited?
             if entry is not None:
@@ -255,7 +343,7 @@ class ArtifactStore:
                 extra = build(staging)
                 if extra is not None:
                     meta_d.update(json_dict(extra, f"meta returned by the build of {key!r}"))
-                return self._scan_staging(key, staging)
+                return scan_staging(key, staging)
 
             entry, published = self._stage_and_publish(key, run_build, meta_d, inputs_d)
         if published:
@@ -272,18 +360,6 @@ class ArtifactStore:
             return self._publish(key, staging, table, meta, inputs)
         finally:
             fs.remove_path(staging)
-
-    @staticmethod
-    def _scan_staging(key: str, staging: Path) -> dict[str, dict[str, Any]]:
-        table: dict[str, dict[str, Any]] = {}
-        with os.scandir(staging) as it:
-            for item in sorted(it, key=lambda e: e.name):
-                validate_file_name(item.name)
-                if not item.is_file(follow_symlinks=False):
-                    raise StoreError(f"build of {key!r} left {item.name!r}, which is not a plain file")
-                size, digest = fs.hash_file(Path(item.path), fsync=True)
-                table[item.name] = {"size": size, "sha256": digest}
-        return table
 
     def _publish(self, key: str, staging: Path, table: dict[str, dict[str, Any]], meta: dict[str, Any],
                  key_inputs: dict[str, Any]) -> tuple[Entry, bool]:
@@ -321,23 +397,8 @@ class ArtifactStore:
 
     def _scan(self) -> list[tuple[float, str, Path, int]]:
         """(last used, key, path, size) of every published entry."""
-        found: list[tuple[float, str, Path, int]] = []
-        try:
-            shards = sorted(os.scandir(self._entries), key=lambda e: e.name)
-        except FileNotFoundError:
-            return found
-        for shard in shards:
-            with contextlib.suppress(OSError), os.scandir(shard.path) as it:
-                for item in it:
-                    if not KEY_RE.fullmatch(item.name):
-                        continue
-                    path = Path(item.path)
-                    try:
-                        last_used = os.stat(path / MANIFEST).st_mtime
-                    except OSError:
-                        last_used = 0.0  # broken entry: evict it first
-                    found.append((last_used, item.name, path, fs.tree_size(path)))
-        return found
+        self._check_layout()
+        return scan_entries(self._entries)
 
     def keys(self) -> list[str]:
         """The keys of all published entries (not verified)."""
@@ -345,6 +406,8 @@ class ArtifactStore:
 
     def remove(self, key: str) -> bool:
         """Remove an entry; return whether it existed."""
+        if self._overlay_store() is not None:
+            raise self._read_only_error(f"remove {key!r}")
         doomed = self._trash(self._entry_dir(validate_key(key)))
         self._verified.pop(key, None)
         if doomed is None:
@@ -356,6 +419,8 @@ class ArtifactStore:
 
     def clear(self) -> int:
         """Remove every entry; return how many were removed."""
+        if self._overlay_store() is not None:
+            raise self._read_only_error("clear it")
         removed = 0
         with self._lock(self._locks / "prune.lock", "the store (prune)"):
             for _, key, path, _ in self._scan():
@@ -370,6 +435,8 @@ class ArtifactStore:
 
     def prune(self, max_bytes: int | None = None) -> PruneResult:
         """Evict least-recently-used entries until the store holds at most ``max_bytes`` (default: bound)."""
+        if self._overlay_store() is not None:
+            raise self._read_only_error("prune it")
         self.cleanup_temp()
         return self._prune(self.max_bytes if max_bytes is None else max_bytes, keep=None)
 
@@ -408,24 +475,10 @@ class ArtifactStore:
 
     def cleanup_temp(self, max_age_s: float = 24 * 3600) -> int:
         """Remove staging dirs left by dead writers on this host, and any older than ``max_age_s``."""
-        removed = 0
-        now = time.time()
-        try:
-            items = list(os.scandir(self._tmp))
-        except FileNotFoundError:
-            return 0
-        for item in items:
-            owner = fs.parse_temp_name(item.name)
-            dead = owner is not None and owner[0] == fs.hostname() and not fs.pid_alive(owner[1])
-            try:
-                old = now - item.stat(follow_symlinks=False).st_mtime > max_age_s
-            except FileNotFoundError:
-                continue
-            if dead or old:
-                log.info("removing leftover staging %s", item.path)
-                fs.remove_path(Path(item.path))
-                removed += 1
-        return removed
+        if self._overlay_store() is not None:
+            return 0  # nothing of ours can be there, and nothing can be removed
+        self._check_layout()  # a linked tmp/ would let this delete outside the store
+        return fs.remove_stale_temp(self._tmp, max_age_s)
 
     # ---------------------------------------------------------------------------------------- stats
 

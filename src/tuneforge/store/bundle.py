@@ -2,6 +2,9 @@
 
 A bundle is ``{"format": "tuneforge-records", "version": 1, "exported": <unix time>, "records": [...]}``
 with one `Record.to_json()` per row; a package ships one and loads it with `RecordDB.import_bundle`.
+Rows are checked for everything a later use of them relies on, not only their types: ``info.args``
+(what nearest-shape lookups compare) must be a list of ``[dtype, sizes]`` pairs, so a bad row is
+refused when the bundle is read, never when a selection happens to reach it.
 Everything here is re-exported by `tuneforge.store.records`, which holds the database itself.
 """
 
@@ -14,14 +17,15 @@ import json
 import math
 import numbers
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tuneforge.errors import TuneforgeError
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "STATUSES", "Record", "RecordError", "check_bundle", "read_bundle",
-           "write_bundle"]
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "STATUSES", "Record", "RecordError", "args_problem", "check_bundle",
+           "read_bundle", "read_records", "write_bundle"]
 
 STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "crash", "wrong_result")
 BUNDLE_FORMAT = "tuneforge-records"
@@ -131,8 +135,41 @@ class Record:
         return cls(**{k: copy.deepcopy(v) for k, v in d.items()})
 
 
-def check_bundle(bundle: Any, where: str) -> list[Record]:
-    """Validate a bundle document and return its records; RecordError names ``where``, the index and field."""
+def args_problem(args: Any) -> str | None:
+    """What is wrong with a record's ``info.args`` (None: fine), as `tune.job.args_signature` writes it:
+    one ``[dtype, sizes]`` pair per argument, dtype a string (``"scalar:<type>"`` for a scalar) and sizes
+    a list of integers >= 0."""
+    if not isinstance(args, list):
+        return f"expected a list of [dtype, sizes] pairs, got {type(args).__name__}"
+    for i, arg in enumerate(args):
+        if not (isinstance(arg, list) and len(arg) == 2):
+            return f"argument {i}: expected a [dtype, sizes] pair, got {json.dumps(arg)[:80]}"
+        dtype, sizes = arg
+        if not isinstance(dtype, str) or not dtype:
+            return f"argument {i}: the dtype must be a non-empty string, got {json.dumps(dtype)[:80]}"
+        if not isinstance(sizes, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                  for n in sizes):
+            return f"argument {i}: the sizes must be a list of integers >= 0, got {json.dumps(sizes)[:80]}"
+    return None
+
+
+def _check_uses(record: Record) -> None:
+    """Fields that pass the type checks but would break a use of the row later (see the module docs)."""
+    if "args" in record.info:
+        problem = args_problem(record.info["args"])
+        if problem is not None:
+            raise RecordError(f"record field 'info.args': {problem}")
+
+
+BadRow = Callable[[int, RecordError], None]
+
+
+def check_bundle(bundle: Any, where: str, *, on_bad_row: BadRow | None = None) -> list[Record]:
+    """Validate a bundle document and return its records; RecordError names ``where``, the index and field.
+
+    With `on_bad_row`, a row that fails validation is passed to it (index, error) and left out instead
+    of failing the whole bundle; a document that is not a bundle at all is still an error.
+    """
     if not isinstance(bundle, dict):
         raise RecordError(f"{where} is not a tuneforge records bundle: expected a JSON object, "
                           f"got {type(bundle).__name__}")
@@ -151,9 +188,14 @@ def check_bundle(bundle: Any, where: str) -> list[Record]:
     records = []
     for index, item in enumerate(items):
         try:
-            records.append(Record.from_json(item))
+            record = Record.from_json(item)
+            _check_uses(record)
         except RecordError as exc:
-            raise RecordError(f"{where}: record {index}: {exc}") from None
+            if on_bad_row is None:
+                raise RecordError(f"{where}: record {index}: {exc}") from None
+            on_bad_row(index, exc)
+            continue
+        records.append(record)
     return records
 
 
@@ -176,8 +218,7 @@ def write_bundle(bundle: dict[str, Any], path: str | os.PathLike[str]) -> None:
         raise
 
 
-def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a bundle file; RecordError names the file and what is wrong with it."""
+def _load_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
     where = f"bundle file {os.fspath(path)}"
     try:
         text = Path(path).read_bytes()
@@ -186,9 +227,20 @@ def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as exc:
         raise RecordError(f"{where} cannot be read: {exc}") from None
     try:
-        bundle = json.loads(text)
+        return json.loads(text), where
     except ValueError as exc:
         raise RecordError(f"{where} is not valid JSON: {exc}") from None
+
+
+def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a bundle file; RecordError names the file and what is wrong with it."""
+    bundle, where = _load_json(path)
     check_bundle(bundle, where)
     result: dict[str, Any] = bundle
     return result
+
+
+def read_records(path: str | os.PathLike[str], *, on_bad_row: BadRow | None = None) -> list[Record]:
+    """The records of a bundle file, validated once; `on_bad_row` as in `check_bundle`."""
+    bundle, where = _load_json(path)
+    return check_bundle(bundle, where, on_bad_row=on_bad_row)

@@ -5,6 +5,12 @@ registers it (`load_bundle` or the ``bundles`` setting). A selection whose key a
 those records without benchmarking. A key no bundle holds may be answered by the nearest tuned
 shape of the same op and argument types (setting ``bundles_nearest``), which also lets a bundle
 tuned on another machine (whose keys carry another system fingerprint) answer approximately.
+
+A shipped bundle is read once, when it is registered, and every row is validated then (including
+the ``info.args`` that nearest-shape lookups compare). A file that is not a bundle at all is an
+error naming it (most likely a wrong path in the setting). A bad row inside a good bundle is left
+out with one warning naming the file and the rows, and counted (`BundleSet.skipped`): the rest of
+the shipped tuning still serves, and a damaged row can never fail a selection later.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneforge import config
-from tuneforge.store.bundle import Record, check_bundle, read_bundle
+from tuneforge.store.bundle import Record, RecordError, read_records
 
 log = logging.getLogger("tuneforge.store")
 
@@ -53,15 +59,25 @@ class BundleSet:
         self._by_key: dict[str, list[Record]] = {}
         self._by_op: dict[str, set[str]] = {}
         self._paths: set[str] = set()
+        self._skipped: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def add(self, path: str | os.PathLike[str]) -> int:
-        """Register a bundle file (read once, validated); returns how many records it holds."""
+        """Register a bundle file (read once, validated); returns how many records it serves.
+
+        RecordError if the file is missing or not a bundle; bad rows are skipped (see the module docs).
+        """
         resolved = str(Path(path).resolve())
+        bad: list[tuple[int, RecordError]] = []
         with self._lock:
             if resolved in self._paths:
                 return 0
-            records = check_bundle(read_bundle(resolved), resolved)
+            records = read_records(resolved, on_bad_row=lambda index, exc: bad.append((index, exc)))
+            if bad:
+                self._skipped[resolved] = len(bad)
+                shown = "; ".join(f"record {index}: {exc}" for index, exc in bad[:3])
+                log.warning("bundle file %s: skipped %d bad record(s) of %d (%s%s); the others are used",
+                            resolved, len(bad), len(bad) + len(records), shown, "; ..." if len(bad) > 3 else "")
             for record in records:
                 self._by_key.setdefault(record.key, []).append(record)
                 self._by_op.setdefault(record.op, set()).add(record.key)
@@ -72,6 +88,12 @@ class BundleSet:
     @property
     def paths(self) -> list[str]:
         return sorted(self._paths)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Bundle file -> how many of its rows were left out as invalid when it was registered."""
+        with self._lock:
+            return dict(self._skipped)
 
     def get(self, key: str) -> list[Record]:
         return list(self._by_key.get(key, ()))

@@ -1,7 +1,9 @@
-"""Entries of the artifact store: key and file-name rules, the manifest, and its verification."""
+"""Entries of the artifact store: key and file-name rules, the manifest, its verification, and finding
+entries on disk (which never follows a symbolic link: a link is not an entry)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from tuneforge._version import __version__
-from tuneforge.store._fsutil import hash_file
+from tuneforge.errors import TuneforgeError
+from tuneforge.store._fsutil import hash_file, tree_size
 
 MANIFEST = "manifest.json"
 FORMAT = "tuneforge-artifact-store"
@@ -21,7 +24,7 @@ KEY_RE = re.compile(r"[a-z0-9][a-z0-9_-]{7,127}")
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 
 
-class StoreError(Exception):
+class StoreError(TuneforgeError):
     """A bad key or file name, a lock time-out, or an entry that cannot be published."""
 
 
@@ -120,3 +123,39 @@ def check_files(path: Path, files: dict[str, Any], *, full: bool) -> str | None:
         except OSError as exc:
             return f"{name} is unreadable ({exc})"
     return None
+
+
+def scan_entries(entries: Path) -> list[tuple[float, str, Path, int]]:
+    """(last used, key, path, size) of every entry directory under ``entries/<shard>/``."""
+    found: list[tuple[float, str, Path, int]] = []
+    try:
+        shards = sorted(os.scandir(entries), key=lambda e: e.name)
+    except FileNotFoundError:
+        return found
+    for shard in shards:
+        if not shard.is_dir(follow_symlinks=False):  # a link out of the store is not a shard
+            continue
+        with contextlib.suppress(OSError), os.scandir(shard.path) as it:
+            for item in it:
+                if not KEY_RE.fullmatch(item.name) or not item.is_dir(follow_symlinks=False):
+                    continue
+                path = Path(item.path)
+                try:
+                    last_used = os.stat(path / MANIFEST).st_mtime
+                except OSError:
+                    last_used = 0.0  # broken entry: evict it first
+                found.append((last_used, item.name, path, tree_size(path)))
+    return found
+
+
+def scan_staging(key: str, staging: Path) -> dict[str, dict[str, Any]]:
+    """The file table of a filled staging dir (plain files only), each file fsynced."""
+    table: dict[str, dict[str, Any]] = {}
+    with os.scandir(staging) as it:
+        for item in sorted(it, key=lambda e: e.name):
+            validate_file_name(item.name)
+            if not item.is_file(follow_symlinks=False):
+                raise StoreError(f"build of {key!r} left {item.name!r}, which is not a plain file")
+            size, digest = hash_file(Path(item.path), fsync=True)
+            table[item.name] = {"size": size, "sha256": digest}
+    return table

@@ -5,6 +5,12 @@ and the reason of a failure.  Writes are ``BEGIN IMMEDIATE`` transactions retrie
 another process holds the write lock, so concurrent writers lose nothing.  The schema is versioned in a
 ``meta`` table and migrated forward on open; a database newer than this code is refused.
 
+A damaged file (truncated, a garbled page) is moved aside as ``<name>.corrupt-<time>`` with one warning
+and a fresh database takes its place; a row that no longer decodes is skipped with one warning.  A
+database that cannot be written (a shared cache mounted read-only) is opened read-only, with no
+journal-mode switch, and what this process measures goes to an overlay database in a private temp
+directory, whose rows are merged into every read.
+
 The `Record` type and bundle files (export/import as versioned JSON) live in `bundle.py`; they are
 re-exported here, so ``tuneforge.store.records`` is the one module to import.
 """
@@ -13,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import sqlite3
@@ -25,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tuneforge.store import _fsutil as fs
 from tuneforge.store.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -33,9 +39,22 @@ from tuneforge.store.bundle import (
     RecordError,
     check_bundle,
     check_statistic,
-    json_text,
     read_bundle,
     write_bundle,
+)
+from tuneforge.store.records_schema import (
+    BUSY,
+    COLUMN_SQL,
+    COLUMNS,
+    CORRUPT,
+    MIGRATIONS,
+    SELECT_RECORDS,
+    Damaged,
+    immediate,
+    is_error,
+    record_to_row,
+    row_to_record,
+    schema_version,
 )
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "KEEP_POLICIES", "SCHEMA_VERSION", "STATUSES", "Record", "RecordDB",
@@ -47,83 +66,6 @@ SCHEMA_VERSION = 1
 KEEP_POLICIES = ("better", "newer", "theirs")
 
 T = TypeVar("T")
-
-
-# ------------------------------------------------------------------------------------------- schema
-
-_COLUMNS = tuple(f.name for f in dataclasses.fields(Record))
-_COLUMN_SQL = ", ".join(f'"{c}"' for c in _COLUMNS)
-_SELECT = f"SELECT {_COLUMN_SQL} FROM records"
-
-
-def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    conn.execute("""
-        CREATE TABLE IF NOT EXISTS records (
-            "key" TEXT NOT NULL, "choice" TEXT NOT NULL, "op" TEXT NOT NULL, "choice_name" TEXT NOT NULL,
-            "status" TEXT NOT NULL,
-            "median_ms" REAL, "min_ms" REAL, "mean_ms" REAL, "p20_ms" REAL, "p80_ms" REAL,
-            "count" INTEGER NOT NULL DEFAULT 0, "method" TEXT NOT NULL DEFAULT '',
-            "error" TEXT NOT NULL DEFAULT '', "params" TEXT NOT NULL DEFAULT '{}',
-            "inputs" TEXT NOT NULL DEFAULT '', "system" TEXT NOT NULL DEFAULT '',
-            "info" TEXT NOT NULL DEFAULT '{}', "created" REAL NOT NULL,
-            PRIMARY KEY ("key", "choice")
-        ) WITHOUT ROWID""")
-    conn.execute('CREATE INDEX IF NOT EXISTS records_by_op ON records ("op", "key")')
-
-
-# _MIGRATIONS[i] takes a database from schema version i to i + 1, inside one write transaction.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1]
-
-
-def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
-        return 0
-    row = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
-    if row is None:
-        return 0
-    try:
-        return int(row[0])
-    except (TypeError, ValueError):
-        raise RecordError(f"record database {path} has an invalid schema_version {row[0]!r}") from None
-
-
-def _row_to_record(row: tuple[Any, ...], path: Path) -> Record:
-    values = dict(zip(_COLUMNS, row, strict=True))
-    try:
-        values["params"] = json.loads(values["params"])
-        values["info"] = json.loads(values["info"])
-        return Record(**values)
-    except (ValueError, TypeError, RecordError) as exc:
-        raise RecordError(f"record database {path}: bad row for key {values['key']!r}, choice "
-                          f"{values['choice']!r}: {exc}") from None
-
-
-def _record_to_row(record: Record) -> tuple[Any, ...]:
-    return tuple(json_text(getattr(record, c), c) if c in ("params", "info") else getattr(record, c)
-                 for c in _COLUMNS)
-
-
-@contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """A BEGIN IMMEDIATE transaction: committed if the block ends normally, rolled back otherwise."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        raise
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
-    if code is not None:
-        return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
 
 
 def _better(theirs: Record, ours: Record) -> bool:
@@ -164,6 +106,11 @@ class RecordDB:
         self.readonly = bool(readonly)
         self.timeout_s = float(timeout_s)
         self._conn: sqlite3.Connection | None = None
+        self._ino = -1  # of the file the connection opened: a damaged file is moved aside only if still there
+        self._ignored = False  # damaged and read-only: treated as absent
+        self._bad_rows: set[tuple[str, str]] = set()
+        self._mode_checked = False
+        self._overlay: RecordDB | None = None  # takes the writes when the file cannot be written
         self._pid = os.getpid()
         self._mutex = threading.RLock()
         _instances.add(self)
@@ -199,23 +146,48 @@ class RecordDB:
         with self._mutex:
             yield
 
+    def _writes_elsewhere(self) -> RecordDB | None:
+        """The overlay database that takes this one's writes because its file cannot be written."""
+        if not self._mode_checked and not self.readonly:
+            self._mode_checked = True
+            file_ok = not self.path.exists() or os.access(self.path, os.W_OK)
+            if not (file_ok and fs.writable_dir(self.path.parent)):  # WAL needs new files beside it
+                self._overlay = RecordDB(fs.overlay_dir(self.path.parent) / self.path.name, timeout_s=self.timeout_s)
+                fs.warn_readonly(self.path.parent, self._overlay.path.parent, "not writable")
+        return self._overlay
+
+    def _connect_readonly(self, immutable: bool = False) -> sqlite3.Connection:
+        # A WAL database needs its -shm file; where that cannot be created, immutable=1 reads the file
+        # without it (nobody can be writing into a read-only directory).
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro{'&immutable=1' if immutable else ''}"
+        conn = sqlite3.connect(uri, uri=True, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if immutable or not is_error(exc, ((8, 14), ("unable to open", "readonly"))):  # READONLY, CANTOPEN
+                raise
+            return self._connect_readonly(immutable=True)
+        return conn
+
     def _open(self, create: bool) -> sqlite3.Connection | None:
         """The connection, opened and migrated on first use; None if there is nothing to read yet."""
         if self._conn is not None:
             return self._conn
-        if not create and not self.path.exists():
+        readonly = self.readonly or self._writes_elsewhere() is not None
+        if self._ignored or ((not create or readonly) and not self.path.exists()):
             return None
-        if self.readonly:
-            uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, timeout=self.timeout_s, isolation_level=None,
-                                   check_same_thread=False)
+        if readonly:
+            conn = self._connect_readonly()
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None,
                                    check_same_thread=False)
         try:
+            with contextlib.suppress(OSError):
+                self._ino = os.stat(self.path).st_ino
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_s * 1000)}")
-            if not self.readonly:
+            if not readonly:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     log.warning("record database %s: WAL mode unavailable (journal_mode=%s)", self.path, mode)
@@ -231,21 +203,22 @@ class RecordDB:
 
     def _check_schema(self, conn: sqlite3.Connection) -> bool:
         """Refuse a newer schema, migrate an older one; False if a read-only database has no schema yet."""
-        target = len(_MIGRATIONS)
-        version = _schema_version(conn, self.path)
-        if version < target and not self.readonly:
-            with _immediate(conn):
-                version = _schema_version(conn, self.path)  # again, under the write lock
+        target = len(MIGRATIONS)
+        version = schema_version(conn, self.path)
+        readonly = self.readonly or self._overlay is not None
+        if version < target and not readonly:
+            with immediate(conn):
+                version = schema_version(conn, self.path)  # again, under the write lock
                 if version < target:
                     log.info("record database %s: migrating schema %d -> %d", self.path, version, target)
                 for step in range(version, target):
-                    _MIGRATIONS[step](conn)
+                    MIGRATIONS[step](conn)
                     conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?)",
                                  (str(step + 1),))
         if version > target:
             raise RecordError(f"record database {self.path} has schema version {version}, newer than this "
                               f"tuneforge supports ({target}); upgrade tuneforge to use it")
-        if version < target and self.readonly:
+        if version < target and readonly:
             if version == 0:
                 return False
             raise RecordError(f"record database {self.path} has the old schema version {version} (current: "
@@ -256,8 +229,12 @@ class RecordDB:
         """Run ``fn`` (in a BEGIN IMMEDIATE transaction if ``write``), retrying while the database is locked."""
         if write and self.readonly:
             raise RecordError(f"record database {self.path} is open read-only; cannot write to it")
+        if write and self._writes_elsewhere() is not None:  # delete or clear: nothing else gets here
+            raise RecordError(f"record database {self.path} is read-only; cannot delete from it (make it "
+                              "writable, or point TUNEFORGE_CACHE_DIR at a writable directory)")
         deadline = time.monotonic() + self.timeout_s
         pause = 0.002
+        quarantined = False
         with self._locked():
             while True:
                 try:
@@ -266,10 +243,10 @@ class RecordDB:
                         return default
                     if not write:
                         return fn(conn)
-                    with _immediate(conn):
+                    with immediate(conn):
                         return fn(conn)
                 except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc):
+                    if not is_error(exc, BUSY):
                         raise RecordError(f"record database {self.path}: {exc}") from exc
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -278,22 +255,69 @@ class RecordDB:
                     log.debug("record database %s is busy (%s); retrying", self.path, exc)
                     time.sleep(min(pause, remaining))
                     pause = min(pause * 2, 0.1)
-                except sqlite3.DatabaseError as exc:
-                    raise RecordError(f"record database {self.path}: {exc}") from exc
+                except (sqlite3.DatabaseError, Damaged) as exc:
+                    if quarantined or not (isinstance(exc, Damaged) or is_error(exc, CORRUPT)):
+                        raise RecordError(f"record database {self.path}: {exc}") from exc
+                    self._quarantine(exc)
+                    quarantined = True
+
+    def _quarantine(self, problem: Exception) -> None:
+        """Move a damaged file aside (with its WAL) so that a fresh database replaces it; a file that
+        cannot be moved (read-only) is ignored from now on."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        if self.readonly or self._overlay is not None:
+            self._ignored = True
+            log.warning("record database %s is damaged (%s); ignoring it (it is read-only, so it stays)",
+                        self.path, problem)
+            return
+        try:  # only the file we found damaged: another process may have put a fresh one there already
+            aside = fs.move_aside(self.path, "corrupt", self._ino, companions=("-wal",), drop=("-shm",))
+        except OSError as exc:
+            self._ignored = True
+            log.warning("record database %s is damaged (%s) and cannot be moved aside (%s); ignoring it",
+                        self.path, problem, exc)
+            return
+        if aside is not None:
+                log.warning("record database %s is damaged (%s); moved it to %s and started a fresh one",
+                        self.path, problem, aside)
+
+    def _decode(self, rows: Iterable[tuple[Any, ...]]) -> list[Record]:
+        """The rows that decode; each bad one is skipped with one warning (per database object)."""
+        records = []
+        for row in rows:
+            try:
+                records.append(row_to_record(row, self.path))
+            except RecordError as exc:
+                if (row[0], row[1]) not in self._bad_rows:
+                    self._bad_rows.add((row[0], row[1]))
+                    log.warning("%s; skipping it (`tuneforge records clear` removes it)", exc)
+        return records
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Record]:
-        def go(conn: sqlite3.Connection) -> list[Record]:
-            return [_row_to_record(row, self.path) for row in conn.execute(sql, args)]
-        return self._run(go, write=False, default=[])
+        return self._run(lambda conn: self._decode(conn.execute(sql, args)), write=False, default=[])
+
+    def _merged(self, ours: list[Record], theirs: Callable[[RecordDB], list[Record]]) -> list[Record]:
+        """``ours`` with the overlay's rows (which win) merged in, ordered by key, then choice."""
+        if self._overlay is None:
+            return ours
+        rows = {(r.key, r.choice): r for r in ours}
+        rows.update({(r.key, r.choice): r for r in theirs(self._overlay)})
+        return [rows[k] for k in sorted(rows)]
 
     # ------------------------------------------------------------------------------------ reads
 
     def get(self, key: str) -> list[Record]:
         """Every row of ``key`` (any status), ordered by choice."""
-        return self._query(f'{_SELECT} WHERE "key" = ? ORDER BY "choice"', (key,))
+        return self._merged(self._query(f'{SELECT_RECORDS} WHERE "key" = ? ORDER BY "choice"', (key,)),
+                            lambda db: db.get(key))
 
     def get_choice(self, key: str, choice: str) -> Record | None:
-        rows = self._query(f'{_SELECT} WHERE "key" = ? AND "choice" = ?', (key, choice))
+        rows = self._query(f'{SELECT_RECORDS} WHERE "key" = ? AND "choice" = ?', (key, choice))
+        if self._overlay is not None:
+            rows = [r for r in self.get(key) if r.choice == choice]
         return rows[0] if rows else None
 
     def best(self, key: str, statistic: str = "median") -> Record | None:
@@ -308,8 +332,12 @@ class RecordDB:
             raise RecordError(f"k must be an integer >= 0, got {k!r}")
         if k == 0:
             return []
-        return self._query(f'{_SELECT} WHERE "key" = ? AND "status" = \'ok\' AND "{column}" IS NOT NULL '
+        rows = self._query(f'{SELECT_RECORDS} WHERE "key" = ? AND "status" = \'ok\' AND "{column}" IS NOT NULL '
                            f'ORDER BY "{column}", "choice" LIMIT ?', (key, k))
+        if self._overlay is None:
+            return rows
+        ok = [r for r in self.get(key) if r.status == "ok" and getattr(r, column) is not None]
+        return sorted(ok, key=lambda r: (getattr(r, column), r.choice))[:k]
 
     def keys(self, op: str | None = None) -> list[str]:
         def go(conn: sqlite3.Connection) -> list[str]:
@@ -318,18 +346,21 @@ class RecordDB:
             else:
                 rows = conn.execute('SELECT DISTINCT "key" FROM records WHERE "op" = ? ORDER BY "key"', (op,))
             return [row[0] for row in rows]
-        return self._run(go, write=False, default=[])
+        keys: list[str] = self._run(go, write=False, default=[])
+        return keys if self._overlay is None else sorted({*keys, *self._overlay.keys(op)})
 
     def records(self, op: str | None = None) -> list[Record]:
-        """Every row (optionally of one op), ordered by key, then choice."""
+        """Every row that decodes (optionally of one op), ordered by key, then choice."""
         if op is None:
-            return self._query(f'{_SELECT} ORDER BY "key", "choice"')
-        return self._query(f'{_SELECT} WHERE "op" = ? ORDER BY "key", "choice"', (op,))
+            rows = self._query(f'{SELECT_RECORDS} ORDER BY "key", "choice"')
+        else:
+            rows = self._query(f'{SELECT_RECORDS} WHERE "op" = ? ORDER BY "key", "choice"', (op,))
+        return self._merged(rows, lambda db: db.records(op))
 
     def count(self) -> int:
         def go(conn: sqlite3.Connection) -> int:
             return int(conn.execute("SELECT COUNT(*) FROM records").fetchone()[0])
-        return self._run(go, write=False, default=0)
+        return self._run(go, write=False, default=0) if self._overlay is None else len(self.records())
 
     # ----------------------------------------------------------------------------------- writes
 
@@ -340,14 +371,16 @@ class RecordDB:
     def put_many(self, records: Iterable[Record]) -> None:
         """Insert or replace many rows in one transaction."""
         now = time.time()
-        rows = []
+        stamped = []
         for record in records:
             if not isinstance(record, Record):
                 raise RecordError(f"expected a Record, got {type(record).__name__}")
-            rows.append(_record_to_row(record if record.created else dataclasses.replace(record, created=now)))
-        if not rows:
-            return
-        sql = f"INSERT OR REPLACE INTO records ({_COLUMN_SQL}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+            stamped.append(record if record.created else dataclasses.replace(record, created=now))
+        overlay = self._writes_elsewhere()
+        if not stamped or overlay is not None:
+            return None if overlay is None else overlay.put_many(stamped)
+        rows = [record_to_row(record) for record in stamped]
+        sql = f"INSERT OR REPLACE INTO records ({COLUMN_SQL}) VALUES ({', '.join('?' * len(COLUMNS))})"
         self._run(lambda conn: conn.executemany(sql, rows), write=True, default=None)
 
     def delete(self, key: str) -> int:
@@ -356,7 +389,8 @@ class RecordDB:
                          write=True, default=0)
 
     def clear(self, op: str | None = None) -> int:
-        """Remove every row (or every row of one op); returns the number removed."""
+        """Remove every row (or every row of one op); returns the number removed.  A damaged file is
+        replaced by a fresh one (the old one is kept aside)."""
         if op is None:
             return self._run(lambda conn: conn.execute("DELETE FROM records").rowcount, write=True, default=0)
         return self._run(lambda conn: conn.execute('DELETE FROM records WHERE "op" = ?', (op,)).rowcount,
@@ -386,22 +420,26 @@ class RecordDB:
             raise RecordError(f"record database {self.path} is open read-only; cannot import into it")
         if not incoming:
             return 0
+        overlay = self._writes_elsewhere()
+        if overlay is not None:
+            return overlay.import_bundle({"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION,
+                                          "records": [r.to_json() for r in incoming]}, keep=keep)
         now = time.time()
-        insert = f"INSERT OR REPLACE INTO records ({_COLUMN_SQL}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        insert = f"INSERT OR REPLACE INTO records ({COLUMN_SQL}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
         def merge(conn: sqlite3.Connection) -> int:
             written = 0
             for theirs in incoming:
-                row = conn.execute(f'{_SELECT} WHERE "key" = ? AND "choice" = ?', (theirs.key, theirs.choice))
-                found = row.fetchone()
-                if found is not None:
-                    ours = _row_to_record(found, self.path)
+                row = conn.execute(f'{SELECT_RECORDS} WHERE "key" = ? AND "choice" = ?', (theirs.key, theirs.choice))
+                found = self._decode(row.fetchall())  # a row that no longer decodes is replaced
+                if found:
+                    ours = found[0]
                     if keep == "better" and not _better(theirs, ours):
                         continue
                     if keep == "newer" and not theirs.created > ours.created:
                         continue
                 fresh = theirs if theirs.created else dataclasses.replace(theirs, created=now)
-                conn.execute(insert, _record_to_row(fresh))
+                conn.execute(insert, record_to_row(fresh))
                 written += 1
             return written
 

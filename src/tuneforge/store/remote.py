@@ -21,7 +21,8 @@ trusted; checksums then only catch corruption.  With ``remote.secret`` only hold
 write accepted values, and the Redis key is inside the MAC, so a value cannot be moved to another key
 or namespace.  The MAC is checked before anything is decompressed or parsed.  A reader with a secret
 rejects unsigned values; a reader without one accepts only unsigned values, because it cannot check a
-signature and a signed value means its writers wanted them checked.
+signature and a signed value means its writers wanted them checked.  No secret in the settings logs
+one warning per process unless remote.allow_unsigned is set; an empty one is an error (remote_registry).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tuneforge.store.remote_format import (
     SIGNED,
     UNSIGNED,
     check_artifact,
+    check_usable,
     compress,
     decompress,
     join_artifact,
@@ -60,7 +62,7 @@ from tuneforge.store.remote_support import (
     _setting_error,
     _warn_once,
 )
-from tuneforge.store.resp import RespError, RespReader
+from tuneforge.store.resp import ReplyTooLarge, RespError, RespReader
 from tuneforge.store.write_queue import WriteQueue
 
 __all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "default_remote", "flush_all"]
@@ -157,6 +159,9 @@ class RemoteCache:
 
     def _open(self, rkey: bytes, value: Any) -> bytes | None:
         """The body of a value read from ``rkey``, or None (counted and logged) if it is not acceptable."""
+        if isinstance(value, ReplyTooLarge):
+            self._reject("too-large", rkey, f"{value.size} bytes, above remote.max_entry_bytes (not read)")
+            return None
         if not isinstance(value, bytes):
             self._reject("malformed", rkey, f"Redis returned a {type(value).__name__}")
             return None
@@ -258,7 +263,7 @@ class RemoteCache:
                 self._down_since = now
             self._retry_at = now + self.retry_s
             self._trial = False
-            self.stats.errors += 1
+        self._count("errors")  # told to the listener too: `cache stats` shows outages and time-outs
         hint = " (pip install 'tuneforge[redis]')" if isinstance(exc, ImportError) else ""
         if first:
             log.warning("remote cache %s failed during %s (%s: %s)%s; using local caches only, next try in "
@@ -283,6 +288,8 @@ class RemoteCache:
             try:
                 with self._read_lock:
                     return reader.get(rkey)
+            except ReplyTooLarge as exc:  # a value too large to accept: rejected, not an outage
+                return exc
             except RespError as exc:
                 if str(exc).startswith("WRONGTYPE"):  # a value of another type: rejected, not an outage
                     return exc
@@ -298,7 +305,7 @@ class RemoteCache:
 
     def _fast_reader(self) -> RespReader | None:
         if self._reader is None and not self._no_reader:
-            self._reader = RespReader.for_url(self.url, self.timeout_s)
+            self._reader = RespReader.for_url(self.url, self.timeout_s, self.max_entry_bytes)
             self._no_reader = self._reader is None
         return self._reader
 
@@ -378,6 +385,12 @@ class RemoteCache:
             problem = check_artifact(key, manifest, files)
             if problem is not None:
                 self._reject("checksum", rkey, problem)
+                return None
+            problem = check_usable(manifest, files)
+            if problem is not None:  # intact, but e.g. not a shared library of this machine: a miss
+                self._count("unusable")
+                _warn_once("unusable", "remote cache %s: cannot use the artifact %s: %s (treated as a miss)",
+                           self._shown_url, rkey.decode("utf-8", "replace"), problem)
                 return None
             self._count("hits")
             return manifest, files

@@ -5,11 +5,13 @@ See `tuneforge.store.remote` for the whole value format and the trust model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from tuneforge.store.entry import MANIFEST, NAME_RE
 
@@ -66,6 +68,68 @@ def check_artifact(key: str, manifest: Any, files: Mapping[str, bytes | memoryvi
             return f"{name}: size {len(files[name])} does not match the manifest"
         if info.get("sha256") != hashlib.sha256(files[name]).hexdigest():
             return f"{name}: sha256 does not match the manifest"
+    return None
+
+
+# Files that the loaders hand to dlopen (ctypes, extension modules): they must be shared libraries.
+_LIBRARY_SUFFIXES = (".so",)
+_ET_DYN = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _host_elf() -> tuple[int, int, int] | None:
+    """(class, byte order, machine) of this interpreter's ELF image; None where it is not ELF."""
+    try:
+        with open(sys.executable, "rb") as f:
+            header = f.read(20)
+    except OSError:
+        return None
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return header[4], header[5], int.from_bytes(header[18:20], _byte_order(header))
+
+
+def _byte_order(header: bytes) -> Literal["little", "big"]:
+    return "little" if header[5] == 1 else "big"
+
+
+def _library_problem(name: str, data: bytes | memoryview) -> str | None:
+    header = bytes(data[:20])
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return f"{name} is not an ELF file"
+    order = _byte_order(header)
+    if int.from_bytes(header[16:18], order) != _ET_DYN:
+        return f"{name} is not an ELF shared library"
+    host = _host_elf()
+    if host is not None and (header[4], header[5], int.from_bytes(header[18:20], order)) != host:
+        return f"{name} is an ELF library for another machine type"
+    return None
+
+
+def check_usable(manifest: dict[str, Any], files: Mapping[str, bytes | memoryview]) -> str | None:
+    """Why an artifact that passed check_artifact still cannot be used by this process, or None.
+
+    Checksums only show that the files are the ones the writer meant; this checks what the loaders
+    rely on: the meta is an object, the ``output`` it names is one of the files, and the libraries
+    are ELF shared objects for this machine (on Linux, where tuneforge builds ELF).
+    """
+    meta = manifest.get("meta", {})
+    if not isinstance(meta, dict):
+        return f"its meta is a {type(meta).__name__}, not a JSON object"
+    output = meta.get("output")
+    if output is not None and (not isinstance(output, str) or output not in files):
+        return f"its meta names output {output!r}, which is not one of its files {sorted(files)}"
+    module = meta.get("module")
+    if module is not None and not isinstance(module, str):
+        return f"its meta names module {module!r}, which is not a string"
+    if sys.platform.startswith("linux"):
+        libraries = {name for name in files if name.endswith(_LIBRARY_SUFFIXES)}
+        if isinstance(output, str) and output.endswith(_LIBRARY_SUFFIXES):
+            libraries.add(output)
+        for name in sorted(libraries):
+            problem = _library_problem(name, files[name])
+            if problem is not None:
+                return problem
     return None
 
 

@@ -20,9 +20,10 @@ class RemoteStats:
     """Counters of one RemoteCache in this process.
 
     Every get ends in exactly one of hits, misses (not in Redis), rejected (a value that failed its
-    signature, format or checksum), errors (Redis failed or timed out) or skipped (the circuit
-    breaker was open).  Every put ends in exactly one of puts, dropped (queue full, breaker open,
-    too large, inconsistent) or errors.
+    signature, format, size or checksum), unusable (an intact artifact that cannot be used here: its
+    meta is malformed, it names a file it lacks, or a library is not one this machine can load),
+    errors (Redis failed or timed out) or skipped (the circuit breaker was open).  Every put ends in
+    exactly one of puts, dropped (queue full, breaker open, too large, inconsistent) or errors.
     """
 
     hits: int = 0
@@ -32,6 +33,7 @@ class RemoteStats:
     puts: int = 0
     dropped: int = 0
     skipped: int = 0
+    unusable: int = 0
 
     def to_json(self) -> dict[str, int]:
         return dataclasses.asdict(self)

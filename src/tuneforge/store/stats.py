@@ -1,4 +1,8 @@
-"""Persistent, multi-process counters of the artifact store (``stats.json`` under the store root)."""
+"""Persistent, multi-process counters of the artifact store (``stats.json`` under the store root).
+
+A damaged file does not zero what can be known: the byte total is recounted from the entries on disk
+(the owner passes the recount), and only the event counters that cannot be recovered start again at 0.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneforge.store._fsutil import LockTimeout, atomic_write, file_lock
+from tuneforge.store._fsutil import READONLY_ERRNOS, LockTimeout, atomic_write, file_lock
 
 log = logging.getLogger("tuneforge.store")
 
@@ -32,22 +37,35 @@ class StoreStats:
     max_bytes: int
 
 
+@dataclass
+class PruneResult:
+    """What a prune did (returned by ``ArtifactStore.prune``)."""
+
+    removed: int
+    freed_bytes: int
+    remaining_bytes: int
+
+
 class StatsFile:
     """Counters accumulated in memory per process and merged into a JSON file under an flock.
 
     ``bytes`` is a signed delta like the others, except that :meth:`flush` can set it to an exact
     value (after a directory scan).  Flushing never raises: a failure is logged and the pending
-    counters are kept for the next attempt.
+    counters are kept for the next attempt.  ``recount_bytes`` (if given) recomputes the byte total
+    when the file is corrupt.  A ``readonly`` file is never written: counters stay in this process.
     """
 
     def __init__(self, path: Path, lock_path: Path, tmp_dir: Path, lock_timeout_s: float,
-                 counters: tuple[str, ...] = COUNTERS) -> None:
+                 counters: tuple[str, ...] = COUNTERS, recount_bytes: Callable[[], int] | None = None) -> None:
         self.counters = counters
+        self.recount_bytes = recount_bytes
+        self.readonly = False
         self.path = path
         self.lock_path = lock_path
         self.tmp_dir = tmp_dir
         self.lock_timeout_s = lock_timeout_s
         self._pending = self._zeros()
+        self._kept = self._zeros()  # counters of a read-only file, kept in this process
         self._mutex = threading.Lock()
         self._pid = os.getpid()
         self._last_flush = time.monotonic()
@@ -81,15 +99,33 @@ class StatsFile:
             return self._zeros()
         try:
             data = json.loads(raw)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            values = {name: data.get(name, 0) for name in self.counters}
-            if not all(type(v) is int for v in values.values()):
-                raise ValueError("counter is not an integer")
-            return values
-        except ValueError as exc:
-            log.warning("store statistics file %s is corrupt (%s); resetting it to zero", self.path, exc)
-            return self._zeros()
+        except ValueError as exc:  # UnicodeDecodeError included
+            return self._repaired({}, f"not JSON: {exc}")
+        if not isinstance(data, dict):
+            return self._repaired({}, "not a JSON object")
+        values = {name: data.get(name, 0) for name in self.counters}
+        bad = sorted(name for name, v in values.items() if type(v) is not int or (v < 0 and name != "bytes"))
+        if bad or values.get("bytes", 0) < 0:
+            return self._repaired({n: v for n, v in values.items() if n not in bad},
+                                  f"bad value of {', '.join(bad) or 'bytes'}")
+        return values
+
+    def _repaired(self, good: dict[str, int], problem: str) -> dict[str, int]:
+        """The counters of a damaged file: the good ones kept, bytes recounted, the rest zero."""
+        values = {**self._zeros(), **good}
+        recounted = ""
+        if "bytes" in values and self.recount_bytes is not None:
+            try:
+                values["bytes"] = int(self.recount_bytes())
+                recounted = "; the byte total is recounted from the entries"
+            except Exception as exc:  # a recount is a repair attempt: never fail a read over it
+                log.debug("cannot recount the bytes of %s: %s", self.path, exc)
+                values["bytes"] = max(values["bytes"], 0)
+        elif values.get("bytes", 0) < 0:
+            values["bytes"] = 0
+        log.warning("store statistics file %s is corrupt (%s); counters that cannot be recovered start "
+                    "again at 0%s", self.path, problem, recounted)
+        return values
 
     def flush(self, *, set_bytes: int | None = None, reset: bool = False) -> dict[str, int]:
         """Merge this process's pending counters into the file; return the merged totals.
@@ -100,9 +136,11 @@ class StatsFile:
         with self._mutex:
             pending = dict(self._own_pending())
             self._pending = self._zeros()
-        if not any(pending.values()) and set_bytes is None and not reset:
+        if not any(pending.values()) and set_bytes is None and not reset and not self.readonly:
             self._last_flush = time.monotonic()
             return self.read()
+        if self.readonly:
+            return self._unwritten(pending, set_bytes)
         try:
             with file_lock(self.lock_path, self.lock_timeout_s):
                 totals = self.read()
@@ -114,6 +152,10 @@ class StatsFile:
                        "updated": time.time()}
                 atomic_write(self.path, json.dumps(doc, indent=1).encode(), self.tmp_dir, label="stats")
         except (OSError, LockTimeout) as exc:
+            if isinstance(exc, OSError) and exc.errno in READONLY_ERRNOS:
+                log.debug("store statistics %s cannot be written (%s); keeping them in memory", self.path, exc)
+                self.readonly = True
+                return self._unwritten(pending, set_bytes)
             log.warning("cannot update store statistics %s (%s); will retry later", self.path, exc)
             with self._mutex:
                 for name in self.counters:
@@ -121,6 +163,21 @@ class StatsFile:
             return self.read()
         self._last_flush = time.monotonic()
         return totals
+
+    def _unwritten(self, pending: dict[str, int], set_bytes: int | None) -> dict[str, int]:
+        """Flush of a read-only file: this process's counters add up in memory over the file's (a reset
+        cannot zero the file, so it is ignored)."""
+        with self._mutex:
+            for name in self.counters:
+                self._kept[name] += pending[name]
+            totals = self.read()
+            for name in self.counters:
+                totals[name] += self._kept[name]
+            if set_bytes is not None and "bytes" in totals:
+                self._kept["bytes"] += set_bytes - totals["bytes"]
+                totals["bytes"] = set_bytes
+            self._last_flush = time.monotonic()
+            return totals
 
     def maybe_flush(self, interval_s: float) -> None:
         """Flush if something is pending and the last flush is older than ``interval_s``."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tuneforge.store")
 
-REMOTE_COUNTERS = ("hits", "misses", "errors", "rejected", "puts", "dropped", "skipped")
+REMOTE_COUNTERS = ("hits", "misses", "errors", "rejected", "puts", "dropped", "skipped", "unusable")
 _stats_files: dict[str, StatsFile] = {}
 
 
@@ -46,9 +46,10 @@ def remote() -> RemoteCache | None:
     from tuneforge.store.remote import default_remote
 
     cache = default_remote()
-    if cache is not None and cache.listener is None:
-        stats = remote_stats_file()
-        cache.listener = stats.add
+    if cache is not None:
+        add = remote_stats_file().add  # the cache directory's, which a patch may change
+        if cache.listener != add:
+            cache.listener = add
     return cache
 
 
@@ -67,7 +68,9 @@ def from_remote_or(key: str, build: Callable[[Path], Mapping[str, Any] | None]) 
     """A build step for ArtifactStore.get_or_build that first asks the remote for the artifact.
 
     It runs under the store's per-key lock, so N local processes fetch once; the fetched files are
-    checked against their manifest by the remote layer and published like a local build.
+    checked against their manifest, and for usability (meta, output, ELF libraries), by the remote
+    layer, and published like a local build.  Anything else is built here: a remote value that cannot
+    be used is a counted miss, never published.
     """
 
     def fetch_or_build(staging: Path) -> Mapping[str, Any]:
@@ -75,9 +78,11 @@ def from_remote_or(key: str, build: Callable[[Path], Mapping[str, Any] | None]) 
         fetched = cache.get_artifact(key) if cache is not None else None
         if fetched is not None:
             manifest, files = fetched
-            for name, data in files.items():
-                (staging / name).write_bytes(data)
-            return {**manifest.get("meta", {}), "fetched_from_remote": True}
+            meta = manifest.get("meta", {})
+            if isinstance(meta, dict):  # get_artifact checked it; a second look costs nothing
+                for name, data in files.items():
+                    (staging / name).write_bytes(data)
+                return {**meta, "fetched_from_remote": True}
         return dict(build(staging) or {})
 
     return fetch_or_build
@@ -159,5 +164,8 @@ def describe_remote(counters: Mapping[str, int]) -> Sequence[tuple[str, Any]]:
     lookups = counters["hits"] + counters["misses"]
     rate = f"{100 * counters['hits'] / lookups:.1f}%" if lookups else "-"
     return [("remote hits", counters["hits"]), ("remote misses", counters["misses"]), ("remote hit rate", rate),
-            ("remote errors", counters["errors"]), ("remote rejected entries", counters["rejected"]),
+            ("remote errors", counters["errors"]),
+            ("remote lookups skipped", counters.get("skipped", 0)),
+            ("remote rejected entries", counters["rejected"]),
+            ("remote unusable entries", counters.get("unusable", 0)),
             ("remote puts", counters["puts"]), ("remote puts dropped", counters["dropped"])]

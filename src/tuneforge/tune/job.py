@@ -57,8 +57,29 @@ class TrialJob:
         return args
 
 
+# Marks a record that stands for "never run: the reference failed" (info key). Such a record only carries
+# the reference's error from wherever the trials ran (a worker, this process) to `measure`, which raises
+# it as NoValidChoicesError and never stores it: a choice that nothing could check must neither win nor
+# be excluded by a record a later selection, with a working reference, would reuse.
+REFERENCE_FAILED = "reference_failed"
+
+
 def error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, TuneforgeError) else f"{type(exc).__name__}: {exc}"
+
+
+def reference_failed_record(job: TrialJob, choice: Choice, reference: str, error: str) -> Record:
+    """The stand-in record of a choice left unrun because the reference `reference` failed with `error`."""
+    return make_record(job, choice, "runtime_error", error=f"not run: the reference {reference} failed: {error}",
+                       info={REFERENCE_FAILED: {"reference": reference, "error": error}})
+
+
+def reference_failure(record: Record) -> tuple[str, str] | None:
+    """(reference name, its error) when `record` is a reference_failed_record, else None."""
+    mark = record.info.get(REFERENCE_FAILED)
+    if isinstance(mark, dict):
+        return str(mark.get("reference", "")), str(mark.get("error", ""))
+    return None
 
 
 def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:

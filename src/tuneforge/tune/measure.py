@@ -2,7 +2,9 @@
 
 A failing choice never stops the others: a build error is ``compile_error``, an exception while
 running is ``runtime_error``, a result that differs from the reference is ``wrong_result``, and in
-the isolated worker a crash or hang is ``crash`` or ``timeout``. Each record is handed to
+the isolated worker a crash or hang is ``crash`` or ``timeout``. A reference that fails (to build or to
+run) stops the measurement with NoValidChoicesError: nothing could be verified, and an unverified
+choice that does nothing would be the fastest. Each record is handed to
 `on_record` as soon as it exists, so an interrupted selection keeps what finished.
 """
 
@@ -13,12 +15,14 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from tuneforge import config
 from tuneforge.compile.pool import default_pool
+from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.job import TrialJob, error_text, make_record
+from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failure
 from tuneforge.tune.trials import run_trials
 
 log = logging.getLogger("tuneforge.tune")
@@ -56,8 +60,13 @@ def _split(job: TrialJob, choices: Sequence[Choice], reference: Choice | None) -
 def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             on_record: Callable[[Record], None] | None = None) -> Outcome:
     outcome = Outcome()
+    reference_failed: list[tuple[str, str]] = []
 
     def record(r: Record) -> None:
+        failure = reference_failure(r)
+        if failure is not None:  # a stand-in, never stored: see job.reference_failed_record
+            reference_failed.append(failure)
+            return
         outcome.records.append(r)
         if on_record is not None:
             on_record(r)
@@ -74,9 +83,10 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             built.append(c)
         else:
             record(make_record(job, c, "compile_error", error=error_text(exc)))
-    if reference is not None and futures[reference.hash_key].exception() is not None:
-        log.warning("reference %s failed to build; choices of %s are not verified", reference.name, job.name)
-        reference = None
+    if reference is not None and config.get("autotune.verify"):
+        exc = futures[reference.hash_key].exception()
+        if exc is not None:
+            _reference_failed(job, reference.name, f"compile_error: {error_text(exc)}", outcome.records)
     outcome.build_s = time.perf_counter() - started
 
     # Library calls last: their thread pools can keep spinning after they return (see Trials).
@@ -89,6 +99,8 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         outcome.verify_s += verify_s
         outcome.bench_s += bench_s
         outcome.isolated = True
+    if reference_failed:
+        _reference_failed(job, reference_failed[0][0], f"runtime_error: {reference_failed[0][1]}", outcome.records)
     if local:
         def emit(event: tuple[object, ...]) -> None:
             if event[0] in ("result", "confirmed"):
@@ -100,4 +112,15 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
                 outcome.bench_s += event[2]
 
         run_trials(job, local, reference, emit)
+    if reference_failed:
+        _reference_failed(job, reference_failed[0][0], f"runtime_error: {reference_failed[0][1]}", outcome.records)
     return outcome
+
+
+def _reference_failed(job: TrialJob, reference: str, error: str, records: Sequence[Record]) -> NoReturn:
+    reasons = {reference: error}
+    reasons.update({r.choice_name: f"{r.status}: {r.error}".strip() for r in records if r.choice_name != reference})
+    raise NoValidChoicesError(
+        f"the reference {reference} of {job.name} failed, so no choice could be verified; none was timed or "
+        f"recorded as valid. Fix the reference, pass a working reference= to select(), or set autotune.verify="
+        f"false (TUNEFORGE_AUTOTUNE_VERIFY=0) to time the choices unverified", reasons)

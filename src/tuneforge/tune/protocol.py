@@ -2,15 +2,23 @@
 
 Only small data crosses: trial jobs (specs, sources, settings), events and records. Arrays never do:
 the worker makes its own example inputs from the specs with the same seed.
+
+Pickle sends functions and classes by name, so a launcher defined in the user's script arrives as
+``__main__.launch_axpy`` and means nothing to the worker until it has imported that script:
+`main_references` lets the parent find such names before sending, and a message that cannot be
+unpickled is reported as `Unreadable` (its bytes consumed, the channel still in step) instead of
+killing the reader.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import select
 import struct
 import time
+import types
 from typing import Any
 
 _HEADER = struct.Struct("<Q")
@@ -22,6 +30,35 @@ class ChannelClosed(EOFError):
 
 class ChannelTimeout(TimeoutError):
     """No message within the time allowed."""
+
+
+class Unreadable(Exception):
+    """A whole message arrived but could not be unpickled (e.g. it names a function this side lacks)."""
+
+
+class _MainFinder(pickle.Pickler):
+    """A pickler that notes every global of ``__main__`` the message refers to by name."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.found: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        # Called for every function and class pickled (and the class of every instance), before the
+        # default by-name reduction, which it leaves to pickle by returning NotImplemented.
+        if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            self.found.add(f"__main__.{obj.__qualname__}")
+        return NotImplemented
+
+
+def main_references(obj: Any) -> set[str]:
+    """Names in ``__main__`` that unpickling `obj` would look up, e.g. {'__main__.launch_axpy'}.
+
+    Raises whatever pickling raises when `obj` cannot be pickled at all.
+    """
+    finder = _MainFinder(io.BytesIO())
+    finder.dump(obj)
+    return finder.found
 
 
 def send(fd: int, message: Any) -> None:
@@ -50,4 +87,8 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
 def receive(fd: int, timeout: float | None = None) -> Any:
     deadline = None if timeout is None else time.monotonic() + timeout
     (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size, deadline))
-    return pickle.loads(_read_exactly(fd, size, deadline))
+    data = _read_exactly(fd, size, deadline)
+    try:
+        return pickle.loads(data)
+    except Exception as exc:
+        raise Unreadable(f"{type(exc).__name__}: {exc}") from exc

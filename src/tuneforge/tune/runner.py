@@ -4,6 +4,14 @@ The parent sends a job (specs, choices as picklable data, settings) and reads on
 If the worker dies (segfault, abort) the choice it was running is recorded as ``crash`` with the
 signal; if a choice runs past ``autotune.bench_timeout_s`` the worker is killed and the choice is
 recorded as ``timeout``. Either way a fresh worker continues with the remaining choices.
+
+A launcher or reference defined in the user's script is pickled as ``__main__.<name>``, which the
+worker resolves only after importing that script (see worker.py; as multiprocessing's spawn does).
+Before anything is benchmarked the parent finds such names, has the worker import the script, and
+when that cannot work (the main module is not a file: ``python -c``, stdin, a REPL, a notebook; or
+the import fails) runs those trials here with one warning naming the functions. A job the worker
+cannot read is likewise run here: a failure of the machinery is never recorded as a crash of every
+choice.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.job import TrialJob, make_record
-from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, receive, send
+from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, main_references, receive, send
+from tuneforge.tune.trials import run_trials
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -46,6 +55,7 @@ class WorkerProcess:
         if ready[0] != "ready":
             raise RuntimeError(f"benchmark worker sent {ready!r} instead of ready")
         self.pid = int(ready[1])
+        self.main_loaded = False  # whether this worker has imported the parent's main script
 
     def send(self, message: Any) -> None:
         send(self._write, message)
@@ -78,6 +88,9 @@ class WorkerProcess:
 
 _workers: dict[str, WorkerProcess] = {}
 _lock = threading.Lock()
+_in_worker = False  # set in the benchmark worker itself: it never starts a worker of its own
+_main_problem: str | None = None  # why the worker cannot import this process's main script, once known
+_warned: set[str] = set()  # what has been warned about (a function name, or a worker failure)
 
 
 def _worker(device: str = "cpu") -> WorkerProcess:
@@ -113,70 +126,208 @@ def _settings_snapshot() -> dict[str, Any]:
     return dict(config.save()["settings"])
 
 
+def mark_worker() -> None:
+    """Called by the benchmark worker: a selection made in it runs its trials in that process."""
+    global _in_worker
+    _in_worker = True
+
+
+def main_script() -> dict[str, Any] | None:
+    """How a worker can import this process's ``__main__``, or None when it cannot.
+
+    ``python -m pkg.mod`` is imported by name; ``python script.py`` by path. A package's
+    ``__main__.py`` is not: it usually does its work unguarded (multiprocessing skips it too).
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        name = getattr(spec, "name", None)
+        if not isinstance(name, str) or name == "__main__" or name.endswith(".__main__"):
+            return None
+        return {"name": name, "argv": list(sys.argv)}
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None  # python -c, standard input, an interactive session, a notebook
+    return {"path": os.path.abspath(path), "argv": list(sys.argv)}
+
+
+def _main_names(obj: object) -> set[str]:
+    try:
+        return main_references(obj)
+    except Exception:  # not picklable at all: measure() keeps such choices in this process anyway
+        return set()
+
+
+def _warn_once(topic: str, message: str, *args: object) -> None:
+    if topic not in _warned:
+        _warned.add(topic)
+        log.warning(message, *args)
+
+
+def _load_main(worker: WorkerProcess, main: dict[str, Any]) -> str | None:
+    """Have `worker` import the main script (once per worker): None, or why it could not."""
+    if worker.main_loaded:
+        return None
+    try:
+        worker.send(("main", main, _settings_snapshot()))
+        reply = worker.receive(_STARTUP_TIMEOUT_S)
+    except ChannelClosed:
+        reason = worker.death()
+        _discard()
+        return f"the worker was {reason} while importing it"
+    except ChannelTimeout:
+        _discard()
+        return f"importing it in the worker took longer than {_STARTUP_TIMEOUT_S:g} s"
+    if reply[0] != "main" or reply[1] is not None:
+        _discard()  # a half-imported script may have left anything behind: start clean
+        detail = reply[1] if reply[0] == "main" else f"unexpected reply {reply[0]!r}"
+        return f"importing it in the worker failed: {detail}"
+    worker.main_loaded = True
+    return None
+
+
+def _route(job: TrialJob, choices: Sequence[Choice],
+           reference: Choice | None) -> tuple[list[Choice], list[Choice], dict[str, Any] | None]:
+    """(choices for the worker, choices to run here, the main script the worker must import first).
+
+    Decided before anything is benchmarked, so an unusable ``__main__`` costs a warning, not records.
+    """
+    global _main_problem
+    shared = _main_names(job) | (_main_names(reference) if reference is not None else set())
+    own = {id(c): _main_names(c) for c in choices}
+    if not shared and not any(own.values()):
+        return list(choices), [], None
+    # What the worker sends back (records, errors) may name its alias of the script; as multiprocessing does.
+    if "__main__" in sys.modules:
+        sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
+    main = main_script()
+    problem: str | None = "the main module is not a file (python -c, standard input, an interactive session " \
+                          "or a notebook)"
+    if main is not None:
+        problem = _main_problem or _load_main(_worker(), main)
+        _main_problem = problem  # a script that failed to import is not tried again in this process
+    if problem is None:
+        return list(choices), [], main
+    here = {id(c) for c in choices if shared or own[id(c)]}
+    names = sorted(shared.union(*(own[i] for i in here)))
+    if not _warned.issuperset(names):  # one warning, naming every function of this selection at once
+        _warned.update(names)
+        hint = " or keep the script's own work under `if __name__ == \"__main__\":`" if main is not None else ""
+        it = "it" if len(names) == 1 else "them"
+        log.warning("%s: %s, defined in the main script, cannot reach the benchmark worker (%s); the trials that "
+                    "use %s run in this process, where a crash or hang is not isolated. Define %s in an importable "
+                    "module (a .py file the script imports)%s to run them isolated",
+                    job.name, ", ".join(names), problem, it, it, hint)
+    return [c for c in choices if id(c) not in here], [c for c in choices if id(c) in here], None
+
+
+def _run_here(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
+              on_record: Callable[[Record], None]) -> tuple[float, float]:
+    times = [0.0, 0.0]
+
+    def emit(event: tuple[Any, ...]) -> None:
+        if event[0] in ("result", "confirmed"):
+            on_record(event[2])
+        elif event[0] == "done":
+            times[:] = [float(event[1]), float(event[2])]
+
+    run_trials(job, choices, reference, emit)
+    return times[0], times[1]
+
+
 def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
                  on_record: Callable[[Record], None]) -> tuple[float, float]:
-    """Run the trials of `choices` in the worker; returns (verify seconds, benchmark seconds)."""
-    timeout = float(config.get("autotune.bench_timeout_s"))
-    remaining = list(choices)
-    verify_s = bench_s = 0.0
+    """Run the trials of `choices` in the worker; returns (verify seconds, benchmark seconds).
+
+    Choices the worker cannot receive (see `_route`) run in this process, after the others.
+    """
     with _lock:
         try:
-            stalls = 0
-            while remaining:
-                if stalls >= 3:  # the worker keeps dying without finishing anything: stop trying
-                    for choice in remaining:
-                        on_record(make_record(job, choice, "crash", error="the benchmark worker died repeatedly"))
-                    break
-                before = len(remaining)
-                worker = _worker()
-                worker.send(("job", job, remaining, reference, _settings_snapshot()))
-                current: int | None = None
-                resume_at: int | None = None  # set once the reference has run: where a new worker resumes
-                try:
-                    while True:
-                        event = worker.receive(timeout)
-                        if event[0] == "ref":
-                            resume_at = 0
-                        elif event[0] == "start":
-                            current = event[1]
-                        elif event[0] == "result":
-                            on_record(event[2])
-                            current, resume_at = None, event[1] + 1
-                        elif event[0] == "confirmed":  # a near tie re-timed: replaces an earlier record
-                            on_record(event[2])
-                        elif event[0] == "done":
-                            verify_s += event[1]
-                            bench_s += event[2]
-                            remaining = []
-                            break
-                        elif event[0] == "error":
-                            raise RuntimeError(f"benchmark worker failed: {event[1]}")
-                except ChannelClosed:
-                    reason = worker.death()
-                    _discard()
-                    remaining = _after_failure(job, remaining, current, resume_at, "crash",
-                                               f"the benchmark worker was {reason} while running it", on_record)
-                except ChannelTimeout:
-                    _discard()
-                    remaining = _after_failure(job, remaining, current, resume_at, "timeout",
-                                               f"still running after {timeout:g} s (autotune.bench_timeout_s); "
-                                               "the worker was killed", on_record)
-                stalls = stalls + 1 if remaining and len(remaining) == before else 0
+            remote, here, main = ([], list(choices), None) if _in_worker else _route(job, choices, reference)
+            verify_s, bench_s, unsent = _run_in_worker(job, remote, reference, main, on_record)
         except BaseException:
             _discard()  # interrupted or broken mid-job: never leave a worker running a kernel
             raise
+    here_ids = {id(c) for c in [*here, *unsent]}
+    if here_ids:  # in the caller's order (library calls last, see measure)
+        here_verify_s, here_bench_s = _run_here(job, [c for c in choices if id(c) in here_ids], reference,
+                                                on_record)
+        verify_s += here_verify_s
+        bench_s += here_bench_s
     return verify_s, bench_s
+
+
+def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice | None, main: dict[str, Any] | None,
+                   on_record: Callable[[Record], None]) -> tuple[float, float, list[Choice]]:
+    """The worker loop: (verify seconds, benchmark seconds, choices it could not take, to run here)."""
+    timeout = float(config.get("autotune.bench_timeout_s"))
+    remaining = list(choices)
+    verify_s = bench_s = 0.0
+    stalls = 0
+    while remaining:
+        if stalls >= 3:  # dying again and again between choices is the machinery's fault, not theirs
+            raise RuntimeError("the benchmark worker died repeatedly before running a choice")
+        before = len(remaining)
+        worker = _worker()
+        problem = _load_main(worker, main) if main is not None else None
+        if problem:  # it worked for an earlier worker: unlikely, and not the choices' fault
+            _warn_once(f"main:{problem}", "%s: the main script stopped importing in the benchmark worker (%s); "
+                       "the remaining trials run in this process", job.name, problem)
+            return verify_s, bench_s, remaining
+        worker.send(("job", job, remaining, reference, _settings_snapshot()))
+        current: int | None = None
+        resume_at: int | None = None  # set once the reference has run: where a new worker resumes
+        try:
+            while True:
+                event = worker.receive(timeout)
+                if event[0] == "ref":
+                    resume_at = 0
+                elif event[0] == "start":
+                    current = event[1]
+                elif event[0] == "result":
+                    on_record(event[2])
+                    current, resume_at = None, event[1] + 1
+                elif event[0] == "confirmed":  # a near tie re-timed: replaces an earlier record
+                    on_record(event[2])
+                elif event[0] == "done":
+                    verify_s += event[1]
+                    bench_s += event[2]
+                    remaining = []
+                    break
+                elif event[0] == "unreadable":  # the machinery failed, not a choice: never a crash record
+                    _warn_once(f"unreadable:{event[1]}", "%s: the benchmark worker cannot read the trials (%s); "
+                               "they run in this process, where a crash or hang is not isolated. Define launchers, "
+                               "references and generators in an importable module to run them isolated",
+                               job.name, event[1])
+                    return verify_s, bench_s, remaining
+                elif event[0] == "error":
+                    raise RuntimeError(f"benchmark worker failed: {event[1]}")
+        except ChannelClosed:
+            reason = worker.death()
+            _discard()
+            remaining = _after_failure(job, remaining, current, resume_at, "crash",
+                                       f"the benchmark worker was {reason} while running it", on_record)
+        except ChannelTimeout:
+            _discard()
+            remaining = _after_failure(job, remaining, current, resume_at, "timeout",
+                                       f"still running after {timeout:g} s (autotune.bench_timeout_s); "
+                                       "the worker was killed", on_record)
+        stalls = stalls + 1 if remaining and len(remaining) == before else 0
+    return verify_s, bench_s, []
 
 
 def _after_failure(job: TrialJob, remaining: list[Choice], current: int | None, resume_at: int | None,
                    status: str, reason: str, on_record: Callable[[Record], None]) -> list[Choice]:
-    """Record the choice that was running and return the choices a fresh worker must still try."""
+    """Record the choice that was running and return the choices a fresh worker must still try.
+
+    A failure before any choice ran (making the example inputs, running the reference: e.g. the
+    out-of-memory killer) is no choice's fault: it raises, so the selection falls back without
+    recording anything that a later selection would take for a measurement."""
     if current is None:
         if resume_at is not None:  # died between two choices: nobody to blame, go on
             return remaining[resume_at:]
-        for choice in remaining:  # the reference itself failed: nothing can be verified in isolation
-            on_record(make_record(job, choice, status, error=f"the reference failed in the worker: {reason}"))
-        return []
+        raise RuntimeError(f"the benchmark worker failed before any choice ran, while making the example inputs "
+                           f"or running the reference ({status}: {reason})")
     choice = remaining[current]
     log.warning("%s: %s (%s)", choice.name, status, reason)
     on_record(make_record(job, choice, status, error=reason))

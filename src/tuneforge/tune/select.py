@@ -4,25 +4,34 @@ The flow (DESIGN "The flow of one selection"): key -> in-process memo -> record 
 build the choices without a record -> verify against the reference -> benchmark -> record -> pick.
 Records are per (selection key, choice), so a new choice in the list is the only one benchmarked,
 and a decision is reused as long as the records cover every candidate.
+
+Measuring holds a per-selection file lock under the cache directory: processes tuning one key at once
+would time their kernels against each other and record disagreeing figures, so the others wait and
+then read the records. A failure of the tuning machinery itself (example inputs too large to make, a
+worker that cannot start) is not the candidates' fault: the fallback choice runs untuned, with one
+warning and nothing recorded. A failing reference is the caller's to fix and raises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
-from tuneforge.errors import NoValidChoicesError
+from tuneforge.errors import ConfigError, NoValidChoicesError
 from tuneforge.hashing import key_hash, system_fingerprint
 from tuneforge.store import tiers
+from tuneforge.store._fsutil import LockTimeout, file_lock
 from tuneforge.store.bundles import Nearest, bundles
 from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
-from tuneforge.tune.job import TrialJob, args_signature
+from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.specs import TensorSpec, key_of
 
 if TYPE_CHECKING:
@@ -127,9 +136,19 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
     ref = reference if reference is None or isinstance(reference, Choice) else ExternChoice(reference)
     ref = ref or next((c for c in candidates if c.is_extern), None)
     arg_specs = [_spec_or_value(x) for x in inputs]
+    unknown = sorted((i for i in generators or {} if not (isinstance(i, int) and 0 <= i < len(arg_specs))), key=str)
+    if unknown:  # else silently unused, and the inputs it was meant to make stay invalid
+        raise ValueError(f"select({name!r}): generators given for arguments {unknown}, but there are "
+                         f"{len(arg_specs)} inputs (indices 0..{len(arg_specs) - 1})")
     out_spec = _spec_or_value(out) if out is not None else None
+    sizes = [_sizes(s) for s in arg_specs if isinstance(s, TensorSpec)]  # the header shows array sizes only
     if out_spec is None:
-        out_spec = _infer_out_spec(ref or candidates[0], arg_specs, generators)
+        try:
+            values = TrialJob(name="", key="", outputs=[], arg_specs=list(arg_specs),
+                              generators=dict(generators or {})).materialize()
+        except Exception as exc:  # e.g. MemoryError: example inputs too large to make
+            return _degraded(name, sizes, selection_key(name, arg_specs), candidates, exc)  # the key of no record
+        out_spec = _infer_out_spec(ref or candidates[0], values)
     key = selection_key(name, [*arg_specs, out_spec])
     described = [_describe(s) for s in [*arg_specs, out_spec]]
 
@@ -138,14 +157,13 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
                         generators=dict(generators or {}), rtol=rtol, atol=atol, poison_outputs=not accumulate,
                         inputs_text=", ".join(described))
 
-    sizes = [_sizes(s) for s in arg_specs if isinstance(s, TensorSpec)]  # the header shows array sizes only
     return decide(name, key, candidates, ref, workload, sizes=sizes, described=described)
 
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
            workload: Callable[[], TrialJob], *, sizes: list[str], described: list[str]) -> Selection:
     """The shared core of select() and @autotune: memo -> records -> measure what is missing -> pick."""
-    fallback = next((c for c in candidates if c.is_extern), candidates[0])
+    fallback = _fallback(candidates)
     if len(candidates) == 1:
         return Selection(_ready(candidates[0]), key, "single")
     force = bool(config.get("autotune.force"))
@@ -176,14 +194,27 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     elif missing:
         from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
 
-        outcome = measure(job, missing, reference, on_record=default_records().put)  # each record kept at once
-        records.update({r.choice: r for r in outcome.records})
-        measured = {c.hash_key for c in missing}
-        benchmarked = [c.name for c in missing if records[c.hash_key].status == "ok"]
-        report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
-        report.isolated = outcome.isolated
-        source = "tuned"
-        tiers.share_records(key)
+        with _measuring(name, key):
+            wanted = {c.hash_key for c in missing}
+            found = [] if force else [r for r in default_records().get(key) if r.choice in wanted]
+            if found:  # another process measured them while this one waited for the lock
+                records.update({r.choice: r for r in found})
+                missing = [c for c in candidates if c.hash_key not in records]
+                source = "records"
+            if missing:
+                try:
+                    outcome = measure(job, missing, reference, on_record=default_records().put)  # kept at once
+                except (NoValidChoicesError, ConfigError):
+                    raise  # the caller's to fix: a failing reference, a bad setting
+                except Exception as exc:  # the tuning machinery failed (memory, worker), not a candidate
+                    return _degraded(name, sizes, key, candidates, exc)
+                records.update({r.choice: r for r in outcome.records})
+                measured = {c.hash_key for c in missing}
+                benchmarked = [c.name for c in missing if records[c.hash_key].status == "ok"]
+                report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
+                report.isolated = outcome.isolated
+                source = "tuned"
+                tiers.share_records(key)
     for choice in candidates:
         if choice.hash_key in records:
             choice.use_record(records[choice.hash_key].info)
@@ -201,6 +232,53 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     with _memo_lock:
         _memo[memo_key] = winner
     return Selection(winner, key, source, benchmarked, records, report)
+
+
+@contextlib.contextmanager
+def _measuring(name: str, key: str) -> Iterator[None]:
+    """Hold the selection's cross-process lock while measuring, so N processes tuning one key at once
+    measure it once (the others then read its records) and never time their kernels against each other.
+
+    A lock that cannot be had (a read-only cache, a holder stuck past lock_timeout_s) only costs the
+    exclusion: the selection is measured anyway.
+    """
+    path = Path(config.get("cache_dir")) / "locks" / "select" / f"{key}.lock"
+    timeout = float(config.get("lock_timeout_s"))
+    with contextlib.ExitStack() as held:
+        try:
+            try:
+                held.enter_context(file_lock(path, 0))
+            except LockTimeout:
+                log.info("%s: waiting for another process measuring the same selection", name)
+                held.enter_context(file_lock(path, timeout))
+        except LockTimeout:
+            log.warning("%s: another process has been measuring the same selection for %g s "
+                        "(lock_timeout_s); measuring here too", name, timeout)
+        except OSError as exc:
+            log.debug("%s: no selection lock (%s); measuring without it", name, exc)
+        yield
+
+
+def _fallback(candidates: Sequence[Choice]) -> Choice:
+    """What runs untuned: the first library call, else the first candidate."""
+    return next((c for c in candidates if c.is_extern), candidates[0])
+
+
+def _degraded(name: str, sizes: Sequence[str], key: str, candidates: Sequence[Choice], exc: Exception) -> Selection:
+    """The fallback choice, untuned, after a failure of tuning itself (not of a candidate): one warning,
+    nothing recorded, and memoised, so this process neither retries nor warns again."""
+    memo_key = (key, frozenset(c.hash_key for c in candidates))
+    with _memo_lock:
+        hit = _memo.get(memo_key)
+    if hit is not None:
+        return Selection(hit, key, "memo")
+    fallback = _fallback(candidates)
+    log.warning("%s(%s): tuning failed (%s); using %s untuned, nothing recorded", name, ", ".join(sizes),
+                error_text(exc), fallback.name)
+    winner = _ready(fallback)
+    with _memo_lock:
+        _memo[memo_key] = winner
+    return Selection(winner, key, "fallback")
 
 
 def _lookup(name: str, key: str, candidates: Sequence[Choice],
@@ -255,12 +333,14 @@ def _first_that_builds(ranked: Sequence[Choice]) -> Choice | None:
     return None
 
 
-def _infer_out_spec(ref: Choice, arg_specs: Sequence[Any],
-                    generators: Mapping[int, Callable[..., Any]] | None) -> TensorSpec:
-    """Run the reference once without an output buffer and describe what it returns."""
-    values = TrialJob(name="", key="", outputs=[], arg_specs=list(arg_specs),
-                      generators=dict(generators or {})).materialize()
-    result = _ready(ref).run([*values, None])
+def _infer_out_spec(ref: Choice, values: list[Any]) -> TensorSpec:
+    """Run the reference once on example inputs without an output buffer and describe what it returns."""
+    try:
+        result = _ready(ref).run([*values, None])
+    except Exception as exc:
+        raise NoValidChoicesError(f"cannot tell the output layout: the reference {ref.name} failed with out=None; "
+                                  "fix it or pass out= (an array or a TensorSpec) to select()",
+                                  {ref.name: error_text(exc)}) from exc
     if result is None:
         raise NoValidChoicesError(f"cannot tell the output layout: {ref.name} returned None with out=None; "
                                   "pass out= (an array or a TensorSpec) to select()")

@@ -5,12 +5,21 @@ A template may leave placeholders with ``{{ hook("name") }}``; hooks are rendere
 body exists, so a hook can depend on what the body turned out to be (a signature, a table of
 constants). Parameters listed in ``runtime_params`` are not rendered: they go to the launcher at
 call time, so configurations differing only in them share one compiled artifact.
+
+A tuning record remembers where a choice's compiled code is (artifact key and entry function), so a
+warm start loads it without a render. Records come from outside too (``records import``, shipped
+bundles), so that hint is only taken when the artifact says it was built from this very choice's
+render (its render identity, kept in the artifact's meta); otherwise the choice is built from its
+own source. A hint naming code that is not the choice's (another configuration's or dtype's kernel,
+not a module, not a key) is counted (`rejected_hints`) and logged once per process; one that is only
+out of date (the artifact is gone, or was built under other cpp.* settings) is dropped quietly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
@@ -26,6 +35,30 @@ Hook = Callable[[Mapping[str, Any], str], str]
 _registry: dict[str, tuple[str, str]] = {}  # template name -> (source, signature)
 _registry_lock = threading.Lock()
 _HOOK_MARK = "\x00tuneforge-hook:{}\x00"
+
+log = logging.getLogger("tuneforge.tune")
+_hints_lock = threading.Lock()
+_hints_rejected = 0
+_hints_warned = False
+
+
+def rejected_hints() -> int:
+    """How many record hints this process ignored because they did not name the choice's own artifact."""
+    with _hints_lock:
+        return _hints_rejected
+
+
+def _reject_hint(choice: TemplateChoice, hint: tuple[str, str], reason: str) -> None:
+    global _hints_rejected, _hints_warned
+    with _hints_lock:
+        _hints_rejected += 1
+        first, _hints_warned = not _hints_warned, True
+    if first:  # one forged bundle would otherwise warn once per choice and per shape
+        log.warning("ignored a tuning record that names compiled code not built for %s (%s: artifact %.60r, "
+                    "entry %.60r); built it from its own source. Records come from the local database, "
+                    "`tuneforge records import` and shipped bundles: check those you added. Further ignored "
+                    "records are counted (tuneforge.tune.template.rejected_hints()) but not logged.",
+                    choice.name, reason, hint[0], hint[1])
 
 
 def _environment() -> Any:
@@ -135,6 +168,11 @@ class TemplateChoice(ConfiguredChoice):
         self._signature: str | None = None
         self._hash = "tpl" + key_hash({"template": template.identity,
                                        "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
+        # What the rendered source depends on (runtime parameters are not rendered): the artifact of a
+        # build records it, and a record's artifact is trusted only if it names this.
+        self.render_identity = "rnd" + key_hash({
+            "template": template.identity,
+            "config": {k: _key_value(v) for k, v in sorted(self.config.items()) if k not in template.runtime_params}})
         self.artifact_key: str | None = None  # with entry: where the built code is (records keep both)
         self.entry: str | None = None
         self.artifact_hint: tuple[str, str] | None = None
@@ -155,6 +193,7 @@ class TemplateChoice(ConfiguredChoice):
         return self._signature
 
     def use_record(self, info: Mapping[str, Any]) -> None:
+        """Remember where the record says the compiled code is; checked when it is loaded (`_load`)."""
         artifact, entry = info.get("artifact"), info.get("entry")
         if isinstance(artifact, str) and isinstance(entry, str) and self.is_native:
             self.artifact_hint = (artifact, entry)
@@ -177,16 +216,38 @@ class TemplateChoice(ConfiguredChoice):
         self.__dict__.update(state)
         self._kernel, self._future, self._lock = None, None, threading.Lock()
 
-    def _load(self) -> Callable[..., Any]:
-        if self.artifact_hint is not None:  # a record says where the compiled code is: no render needed
-            from tuneforge.compile.cpp import load_module_by_key
+    def _load_hint(self, hint: tuple[str, str]) -> tuple[Callable[..., Any] | None, str]:
+        """The kernel the record's hint names, if it is this choice's own; else None and, if the record
+        names code that is not this choice's (not merely out of date or gone), why."""
+        from tuneforge.compile.cpp import ArtifactMismatch, load_module_by_key
 
-            module = load_module_by_key(self.artifact_hint[0])
-            hinted: Callable[..., Any] | None = getattr(module, self.artifact_hint[1], None) if module else None
-            if hinted is not None:
-                self._kernel = hinted
-                self.artifact_key, self.entry = self.artifact_hint
-                return hinted
+        artifact, entry = hint
+        try:
+            module = load_module_by_key(artifact, origin=self.render_identity, entry=entry)
+        except ArtifactMismatch as exc:
+            log.debug("%s: not using the recorded artifact: %s", self.name, exc)
+            return None, str(exc) if exc.suspect else ""
+        kernel: Callable[..., Any] | None = getattr(module, entry, None) if module is not None else None
+        return kernel, ""
+
+    def _load(self) -> Callable[..., Any]:
+        hint, suspect = self.artifact_hint, ""
+        if hint is not None:  # a record says where the compiled code is: no render needed if it is ours
+            kernel, suspect = self._load_hint(hint)
+            if kernel is not None:
+                self._kernel = kernel
+                self.artifact_key, self.entry = hint
+                return kernel
+            self.artifact_hint = None  # checked once: later loads build normally
+        try:
+            return self._load_built()
+        finally:
+            # The same source rendered for another configuration is the same artifact, built for (and
+            # marked with) whichever choice came first: not a bad record, as the key it derives shows.
+            if hint is not None and suspect and (self.artifact_key, self.entry) != hint:
+                _reject_hint(self, hint, suspect)
+
+    def _load_built(self) -> Callable[..., Any]:
         if self.template.language == "python":
             from tuneforge.compile.python import load as load_python
 
@@ -198,7 +259,8 @@ class TemplateChoice(ConfiguredChoice):
 
             entry = parse_prototype(self.signature).name
             module = load_module(self.source, functions=[self.signature], flags=self.template.flags,
-                                 openmp=self.template.openmp, include_dirs=self.template.include_dirs)
+                                 openmp=self.template.openmp, include_dirs=self.template.include_dirs,
+                                 origin=self.render_identity)
         kernel: Callable[..., Any] | None = getattr(module, entry, None)
         if kernel is None:
             raise TemplateError(f"template {self.template.name!r}: the built module has no function {entry!r}")
@@ -211,7 +273,8 @@ class TemplateChoice(ConfiguredChoice):
         from tuneforge.compile.cpp import module_request
 
         return module_request(self.source, functions=[self.signature], flags=self.template.flags,
-                              openmp=self.template.openmp, include_dirs=self.template.include_dirs)
+                              openmp=self.template.openmp, include_dirs=self.template.include_dirs,
+                              origin=self.render_identity)
 
     def build(self, builder: Builder | None = None) -> Future[Any]:
         """Compile in the build pool when one is given (the parent loads the artifact only when it runs

@@ -1,5 +1,7 @@
 """Verify and time built choices on one set of arguments; the same code runs in-process or in a worker.
 
+The reference runs first; when it raises, no choice runs at all (each gets a stand-in record that
+the caller turns into an error), because an unverified choice that does nothing would be the fastest.
 A trial of one choice: run it once from the initial state and compare its outputs with the
 reference's (a failure is ``runtime_error`` or ``wrong_result``), then time it with the outputs (and
 any input it wrote into) restored before every run. Each finished trial is reported at once, so a
@@ -21,7 +23,7 @@ from tuneforge.tune import verify
 from tuneforge.tune.bench import benchmark_cpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import near_tie, time_side_by_side
-from tuneforge.tune.job import Event, TrialJob, error_text, make_record
+from tuneforge.tune.job import Event, TrialJob, error_text, make_record, reference_failed_record
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -44,10 +46,8 @@ class Trials:
             try:
                 reference.run(args)
                 self.expected = verify.snapshot(args)
-            except Exception as exc:
+            except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
                 self.reference_error = error_text(exc)
-                log.warning("reference %s failed (%s); choices of %s are not verified", reference.name, exc,
-                            job.name)
             verify.restore(args, self.initial)
             if reference.is_extern:
                 # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
@@ -138,14 +138,24 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
     trials = Trials(job, job.materialize(), reference)
     emit(("ref", trials.reference_error))
     try:
-        results = []
-        for i, choice in enumerate(choices):
-            emit(("start", i))
-            record = trials.run(choice)
-            emit(("result", i, record))
-            results.append((i, choice, record))
-        for i, record in trials.confirm(results):
-            emit(("confirmed", i, record))
+        if trials.reference_error is not None:
+            assert reference is not None
+            # Timed unverified, a choice that does nothing would be the fastest and be recorded as ok.
+            for i, choice in enumerate(choices):
+                emit(("result", i, reference_failed_record(job, choice, reference.name, trials.reference_error)))
+        else:
+            _run_all(trials, choices, emit)
     finally:
         trials.finish()
     emit(("done", trials.verify_s, trials.bench_s))
+
+
+def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
+    results = []
+    for i, choice in enumerate(choices):
+        emit(("start", i))
+        record = trials.run(choice)
+        emit(("result", i, record))
+        results.append((i, choice, record))
+    for i, record in trials.confirm(results):
+        emit(("confirmed", i, record))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,11 @@ def _as_numpy(value: Any) -> np.ndarray[Any, Any]:
 
 
 def tolerances(dtype: Any) -> tuple[float, float]:
+    """(rtol, atol) of a numpy or torch dtype, a dtype name, or a scalar type such as np.float32."""
     name = str(dtype).removeprefix("torch.")
+    if name not in _TOLERANCES:
+        with contextlib.suppress(TypeError):
+            name = np.dtype(dtype).name
     return _TOLERANCES.get(name, (0.0, 0.0))  # integers and bools must match exactly
 
 
@@ -45,9 +50,11 @@ def compare(actual: Any, expected: Any, *, rtol: float | None = None, atol: floa
             return (f"non-finite value mismatch at index {tuple(int(i) for i in bad)}: got {got[tuple(bad)]}, "
                     f"expected {want[tuple(bad)]} (was every element of the output written?)")
         scale = float(np.max(np.abs(want[finite_want]))) if finite_want.any() else 1.0
-        error = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        wide = np.complex128 if np.iscomplexobj(want) or np.iscomplexobj(got) else np.float64  # keep imag parts
+        with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out below
+            error = np.abs(got.astype(wide) - want.astype(wide))
         error[~finite_want] = 0.0
-        limit = atol * max(scale, 1.0) + rtol * np.abs(want.astype(np.float64))
+        limit = atol * max(scale, 1.0) + rtol * np.abs(want.astype(wide))
         limit[~finite_want] = 0.0
         if np.all(error <= limit):
             return None

@@ -1,9 +1,15 @@
 """The benchmark worker process: ``python -m tuneforge.tune.worker``.
 
-It reads jobs on stdin and streams trial events on a private copy of stdout; the real fd 1 is
-pointed at stderr, so whatever a kernel prints can never corrupt the protocol. It ignores SIGINT
-(the parent decides when it stops), exits when its stdin closes, and asks the kernel to kill it
-when the parent dies.
+It reads jobs on a private copy of stdin and streams trial events on a private copy of stdout; the
+real fds 0 and 1 are pointed at /dev/null and stderr, so whatever a kernel (or an imported script)
+reads or prints can never corrupt the protocol. It ignores SIGINT (the parent decides when it
+stops), exits when its input closes, and asks the kernel to kill it when the parent dies.
+
+Launchers defined in the user's script arrive as ``__main__.<name>``. On request the worker imports
+that script the way multiprocessing's spawn does: under the name ``__mp_main__`` (so its
+``if __name__ == "__main__":`` block does not run), aliased as ``__main__`` for unpickling. While it
+imports, tuning is answer-only (``autotune.cache_only``): a script that tunes at module level must
+not start measuring, and above all not start a worker of its own, inside the worker.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import ctypes
 import os
 import signal
 import sys
+import traceback
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -24,12 +31,46 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
+    """Import the parent's main script as ``__mp_main__`` and alias it as ``__main__``.
+
+    Returns None on success, else why it failed (the worker stays usable for everything else).
+    """
+    import runpy
+    import types
+
+    from tuneforge import config
+
+    argv = sys.argv
+    sys.argv = list(main.get("argv") or argv)  # a script may read its arguments at module level
+    try:
+        # Answer-only while importing: module-level selections get records or the fallback, never a
+        # measurement, no table is printed and nothing is logged twice.
+        with config.patch(settings), config.patch(autotune_cache_only=True, autotune_verbose=False,
+                                                  autotune_log=None):
+            if "name" in main:
+                namespace = runpy.run_module(main["name"], run_name="__mp_main__", alter_sys=True)
+            else:
+                namespace = runpy.run_path(main["path"], run_name="__mp_main__")
+    except BaseException as exc:  # SystemExit from argparse or sys.exit() too: report it, keep serving
+        where = "".join(traceback.format_exception(exc)[-2:]).strip()
+        return f"{type(exc).__name__}: {exc} ({where.splitlines()[0].strip() if where else ''})"
+    finally:
+        sys.argv = argv
+    module = types.ModuleType("__mp_main__")
+    module.__dict__.update(namespace)
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+    return None
+
+
 def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge import config
+    from tuneforge.tune import runner
     from tuneforge.tune.job import error_text
-    from tuneforge.tune.protocol import ChannelClosed, receive, send
+    from tuneforge.tune.protocol import ChannelClosed, Unreadable, receive, send
     from tuneforge.tune.trials import run_trials
 
+    runner.mark_worker()  # a selection made in here never starts a worker of its own
     hello = receive(read_fd)
     for entry in reversed(hello["sys_path"]):
         if entry not in sys.path:
@@ -42,8 +83,14 @@ def serve(read_fd: int, write_fd: int) -> None:
             message: Any = receive(read_fd)
         except ChannelClosed:
             return
+        except Unreadable as exc:  # e.g. a function this process cannot find: the parent decides
+            send(write_fd, ("unreadable", str(exc)))
+            continue
         if message[0] == "exit":
             return
+        if message[0] == "main":
+            send(write_fd, ("main", import_main(message[1], message[2])))
+            continue
         _, job, choices, reference, settings = message
         try:
             with config.patch(settings):
@@ -55,9 +102,12 @@ def serve(read_fd: int, write_fd: int) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    write_fd = os.dup(1)
+    read_fd, write_fd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # input() in an imported script gets EOF instead of protocol bytes
+    os.close(devnull)
     os.dup2(2, 1)
-    serve(0, write_fd)
+    serve(read_fd, write_fd)
 
 
 if __name__ == "__main__":

@@ -153,15 +153,24 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
             dispatch.load_in_background(_gemm_python)
     if not out.flags.writeable:
         raise ValueError("gemm: out is read-only")
-    # An input that is also (part of) the output would be overwritten while it is read: copy it first.
-    if _overlaps(out, a):
-        a = np.array(a)
-    if _overlaps(out, b):
-        b = np.array(b)
-    if bias is not None and _overlaps(out, bias):
-        bias = np.array(bias)
+    if _overlaps(out, a) or _overlaps(out, b) or (bias is not None and _overlaps(out, bias)):
+        return _gemm_separated(prepared, a, b, out, alpha, beta, bias, space)
     prepared.call(alpha, beta, a, b, out, bias)
     return out
+
+
+def _gemm_separated(prepared: Prepared, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
+                    space: str) -> Any:
+    """A call where an input shares memory with `out` (which the kernel would overwrite while reading
+    the input): the inputs that do are copied first, keeping their strides, which `prepared` has bound."""
+    a2, b2, bias2 = (x if x is None or not _overlaps(out, x) else _copy_with_strides(x) for x in (a, b, bias))
+    if a2 is not None and b2 is not None and (bias is None or bias2 is not None):
+        prepared.call(alpha, beta, a2, b2, out, bias2)
+        return out
+    # Some input is a few elements spread over a vast buffer: a compact copy is a layout of its own,
+    # prepared (tuned once) like any other.
+    a2, b2, bias2 = (np.array(x) if c is None and x is not None else c for x, c in ((a, a2), (b, b2), (bias, bias2)))
+    return _gemm_python(a2, b2, out, alpha, beta, bias2, space)
 
 
 def _overlaps(out: Any, x: Any) -> bool:
@@ -170,6 +179,34 @@ def _overlaps(out: Any, x: Any) -> bool:
     if x.base is None and out.base is None:  # two arrays that own their memory: distinct allocations
         return False
     return bool(np.may_share_memory(out, x))
+
+
+# A copy that keeps the strides spans what the original spans: beyond this size, and this many times the
+# bytes of the elements themselves, it is not made (strict overcommit would count all of it).
+_SPARSE_BYTES = 16 * 2**20
+_SPARSE_RATIO = 8
+
+
+def _copy_with_strides(x: Any) -> Any:
+    """A copy of `x` with exactly x's strides, in a buffer of its own; None when that buffer would be
+    mostly gaps and large (x cut from a vast buffer).
+
+    A prepared call has the element strides of its layout bound in (and the C dispatcher's key is
+    those strides), so a copy with any other layout, e.g. a contiguous one, would be read with the
+    original strides: wrong values, and reads far past the copy's end when x is a slice of a wide
+    buffer. The new buffer spans x's extent; only x's own elements are written, so the pages
+    between them (the columns of the wide buffer x was cut from) are never touched.
+    """
+    if x.size == 0:  # nothing of it is read
+        return x
+    low = sum((n - 1) * s for n, s in zip(x.shape, x.strides, strict=True) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(x.shape, x.strides, strict=True) if s > 0) + x.itemsize
+    if high - low > max(_SPARSE_BYTES, _SPARSE_RATIO * x.nbytes):
+        return None
+    buffer = np.empty(high - low, dtype=np.uint8)  # numpy's allocations are aligned for any float
+    copy: Any = np.ndarray(x.shape, dtype=x.dtype, buffer=buffer, offset=-low, strides=x.strides)
+    copy[...] = x
+    return copy
 
 
 _route: Callable[..., Any] = _gemm_python  # the C dispatcher once it is loaded

@@ -1,0 +1,110 @@
+"""The verification tolerances: loose enough for rounding, tight enough to catch a wrong kernel.
+
+A choice is only as trustworthy as this check: an error of 1e-3 relative in float64 or 5e-2 in
+float32 (a wrong accumulator type, a dropped term, a bad blocking) must be rejected, while the rounding
+differences of summing a long reduction (a GEMM's K = 4096) in another order must pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuneforge.tune.verify import compare, tolerances
+
+RELATIVE_ERROR_REJECTED = {"float64": 1e-3, "float32": 5e-2}
+
+
+def gemm(dtype: str, k: int, seed: int = 0) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(A, B) of a GEMM with standard normal entries, so C's entries are about sqrt(k) in size."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((48, k)).astype(dtype), rng.standard_normal((k, 24)).astype(dtype)
+
+
+def sequential_product(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A @ B summed one term after another in the working precision: the most rounding a correct kernel
+    accumulates (blocked and pairwise sums, like numpy's, accumulate less)."""
+    terms = a[:, :, None] * b[None, :, :]
+    result: np.ndarray[Any, Any] = np.cumsum(terms, axis=1, dtype=a.dtype)[:, -1, :]
+    return result
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_relative_error_everywhere_is_rejected(dtype: str) -> None:
+    a, b = gemm(dtype, 256)
+    want = a @ b
+    problem = compare(want * (1 + RELATIVE_ERROR_REJECTED[dtype]), want)
+    assert problem is not None and "wrong result" in problem
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_relative_error_in_one_element_is_rejected(dtype: str) -> None:
+    a, b = gemm(dtype, 256)
+    want = a @ b
+    scale = float(np.abs(want).max())
+    # Every element that is not tiny next to the largest: an error there is not rounding noise.
+    candidates = np.argwhere(np.abs(want) >= 0.01 * scale)
+    for index in map(tuple, candidates[:: max(1, len(candidates) // 25)]):
+        got = want.copy()
+        got[index] *= 1 + RELATIVE_ERROR_REJECTED[dtype]
+        problem = compare(got, want)
+        assert problem is not None, (index, want[index])
+        assert f"{tuple(int(i) for i in index)}" in problem  # the message points at the element
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("k", [16, 1024, 4096])
+def test_rounding_of_a_long_reduction_in_another_order_is_accepted(dtype: str, k: int) -> None:
+    a, b = gemm(dtype, k)
+    want = a @ b
+    assert compare(sequential_product(a, b), want) is None
+    exact = (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype)
+    assert compare(exact, want) is None
+    assert compare(want, exact) is None
+
+
+def test_default_tolerances_by_dtype() -> None:
+    assert tolerances("float64") < (1e-6, 1e-6)  # far below the rejected 1e-3
+    assert tolerances("float32") < (1e-3, 1e-3)
+    assert tolerances(np.float32) == tolerances(np.dtype("float32")) == tolerances("torch.float32") == \
+        tolerances("float32")
+    assert tolerances("int64") == (0.0, 0.0) and tolerances("bool") == (0.0, 0.0)
+
+
+def test_integers_must_match_exactly() -> None:
+    want = np.arange(10, dtype=np.int64)
+    got = want.copy()
+    got[7] += 1
+    assert compare(want.copy(), want) is None
+    assert compare(got, want) == "wrong result at index (7,): got 8, expected 7 (exact match required)"
+
+
+def test_non_finite_values_must_match() -> None:
+    want = np.ones(4)
+    assert compare(want, want.copy()) is None
+    left_unwritten = np.array([1.0, np.nan, 1.0, 1.0])
+    problem = compare(left_unwritten, want)
+    assert problem is not None and "non-finite value mismatch at index (1,)" in problem
+    assert compare(np.array([1.0, np.inf]), np.array([1.0, np.inf])) is None
+
+
+def test_shape_mismatch_is_rejected() -> None:
+    assert compare(np.ones(3), np.ones(4)) == "output shape (3,) differs from the reference's (4,)"
+
+
+def test_explicit_tolerances_override_the_defaults() -> None:
+    want = np.linspace(1.0, 2.0, 8)
+    off = want * (1 + 1e-3)
+    assert compare(off, want) is not None
+    assert compare(off, want, rtol=1e-2) is None
+    assert compare(want + 0.05, want, rtol=0.0, atol=0.01) is not None  # atol scales with max |want| = 2
+    assert compare(want + 0.01, want, rtol=0.0, atol=0.01) is None
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_results_are_compared_with_their_imaginary_parts(dtype: str) -> None:
+    want = (np.arange(1, 9) + 1j * np.arange(1, 9)).astype(dtype)
+    assert compare(want.copy(), want) is None
+    assert compare(want.conj(), want) is not None
