@@ -109,3 +109,15 @@ def gemm_tuning(cache_dir: Path) -> Iterator[Path]:
     with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
         yield cache_dir
     clear_dispatch()
+
+
+@pytest.fixture
+def quick_tuning(cache_dir: Path) -> Iterator[Path]:
+    """For select() tests: an empty cache, no memo, and benchmarks cut to a few milliseconds."""
+    from tuneforge.tune.select import clear_memo
+
+    clear_memo()
+    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2,
+                      autotune_settle_s=0.0):
+        yield cache_dir
+    clear_memo()

@@ -9,7 +9,7 @@ notes each call with the process it ran in.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 from tuneforge import config
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.tune.choices import Choice, ExternChoice
-from tuneforge.tune.select import clear_memo, select_detailed
+from tuneforge.tune.select import select_detailed
 from tuneforge.tune.specs import TensorSpec
 from tuneforge.tune.template import KernelTemplate
 
@@ -70,15 +70,6 @@ extern "C" void gather_kernel(const double* table, const int64_t* idx, double* o
     launcher=_launch)
 
 
-@pytest.fixture
-def tuning(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
-    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2,
-                      autotune_settle_s=0.0):
-        yield cache_dir
-    clear_memo()
-
-
 def inputs() -> list[Any]:
     return [np.arange(TABLE, dtype=np.float64), np.zeros(COUNT, dtype=np.int64)]
 
@@ -90,12 +81,12 @@ def generator_pids() -> list[int]:
     return [int(line.split()[0]) for line in lines]
 
 
-def test_without_the_generator_the_indices_are_invalid(tuning: Path) -> None:
+def test_without_the_generator_the_indices_are_invalid(quick_tuning: Path) -> None:
     with pytest.raises(NoValidChoicesError, match="outside the table"):
         select_detailed("gather", [ExternChoice(gather_slow), ExternChoice(gather)], inputs(), out=np.empty(COUNT))
 
 
-def test_generator_makes_the_input_in_process(tuning: Path) -> None:
+def test_generator_makes_the_input_in_process(quick_tuning: Path) -> None:
     choices: list[Choice] = [ExternChoice(gather_slow), ExternChoice(gather)]
     selection = select_detailed("gather", choices, inputs(), out=np.empty(COUNT), generators={1: valid_indices})
     assert {r.choice_name: r.status for r in selection.records.values()} == {"gather_slow": "ok", "gather": "ok"}
@@ -103,7 +94,7 @@ def test_generator_makes_the_input_in_process(tuning: Path) -> None:
     assert set(generator_pids()) == {os.getpid()}
 
 
-def test_generator_makes_the_input_in_the_isolated_worker(tuning: Path) -> None:
+def test_generator_makes_the_input_in_the_isolated_worker(quick_tuning: Path) -> None:
     choices: list[Choice] = [ExternChoice(gather_slow), *GATHER.choices([{"SHIFT": 0}, {"SHIFT": 1}])]
     selection = select_detailed("gather", choices, inputs(), out=np.empty(COUNT), generators={1: valid_indices})
     assert selection.report is not None and selection.report.isolated
@@ -116,7 +107,7 @@ def test_generator_makes_the_input_in_the_isolated_worker(tuning: Path) -> None:
     assert out.tolist() == [8.0, 5.0, 7.0]
 
 
-def test_a_generator_for_an_argument_that_does_not_exist_is_an_error(tuning: Path) -> None:
+def test_a_generator_for_an_argument_that_does_not_exist_is_an_error(quick_tuning: Path) -> None:
     with pytest.raises(ValueError, match=r"generators given for arguments \[2\].*2 inputs"):
         select_detailed("gather", [ExternChoice(gather_slow), ExternChoice(gather)], inputs(), out=np.empty(COUNT),
                         generators={2: valid_indices})

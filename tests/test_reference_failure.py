@@ -8,7 +8,7 @@ process, raises in the isolated worker, or does not build.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +52,6 @@ NOOP_BODY = "(void)a; (void)b; (void)out; (void)n;"
 GOOD_BODY = "for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];"
 
 
-@pytest.fixture
-def tuning(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
-    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2,
-                      autotune_settle_s=0.0):
-        yield cache_dir
-    clear_memo()
-
-
 def inputs() -> list[np.ndarray]:
     return [np.ones(N), np.ones(N)]
 
@@ -85,7 +76,7 @@ def assert_verified_later(choices: list[Choice], noop_name: str, good_name: str,
     assert selection.report is not None and selection.report.isolated == isolated
 
 
-def test_reference_raising_in_process_fails_the_selection(tuning: Path) -> None:
+def test_reference_raising_in_process_fails_the_selection(quick_tuning: Path) -> None:
     choices: list[Choice] = [ExternChoice(noop), ExternChoice(k.add_slow)]
     with pytest.raises(NoValidChoicesError) as info:
         select_detailed("add", choices, inputs(), out=np.empty(N), reference=ExternChoice(broken_reference))
@@ -95,7 +86,7 @@ def test_reference_raising_in_process_fails_the_selection(tuning: Path) -> None:
     assert_verified_later(choices, "noop", "add_slow")
 
 
-def test_reference_raising_in_the_isolated_worker_fails_the_selection(tuning: Path) -> None:
+def test_reference_raising_in_the_isolated_worker_fails_the_selection(quick_tuning: Path) -> None:
     choices: list[Choice] = list(TEMPLATE.choices([{"BODY": NOOP_BODY}, {"BODY": GOOD_BODY}]))
     assert all(c.is_native for c in choices) and config.get("autotune.isolate")
     with pytest.raises(NoValidChoicesError) as info:
@@ -105,7 +96,7 @@ def test_reference_raising_in_the_isolated_worker_fails_the_selection(tuning: Pa
     assert_verified_later(choices, choices[0].name, choices[1].name, isolated=True)
 
 
-def test_reference_that_does_not_build_fails_the_selection(tuning: Path) -> None:
+def test_reference_that_does_not_build_fails_the_selection(quick_tuning: Path) -> None:
     broken = KernelTemplate("test_reference_failure_broken", "this is not C++; {{ X }}",
                             signature="void add_kernel(const double* a, const double* b, double* out, int64_t n)",
                             launcher=_launch).choices([{"X": 1}])[0]
@@ -117,7 +108,7 @@ def test_reference_that_does_not_build_fails_the_selection(tuning: Path) -> None
     assert_verified_later(choices, "noop", "add_slow")
 
 
-def test_reference_raising_while_inferring_the_output_layout_names_it(tuning: Path) -> None:
+def test_reference_raising_while_inferring_the_output_layout_names_it(quick_tuning: Path) -> None:
     with pytest.raises(NoValidChoicesError, match="reference broken_reference failed with out=None") as info:
         select_detailed("add", [ExternChoice(noop), ExternChoice(k.add_slow)], inputs(),
                         reference=ExternChoice(broken_reference))
