@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +282,25 @@ def test_a_worker_that_cannot_start_falls_back_with_one_warning(tuning: Path,
     assert selection.choice.name == "add_slower" and selection.source == "fallback"
     assert len(tuning_warnings(caplog)) == 1, tuning_warnings(caplog)
     assert default_records().count() == 0
+
+
+def ones_but_killed_in_the_worker(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """An example-input generator that the out-of-memory killer stops, but only in the benchmark worker."""
+    if os.environ.get("TUNEFORGE_TEST_PARENT_PID") != str(os.getpid()):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return np.ones(spec.sizes)
+
+
+def test_a_worker_killed_before_any_choice_ran_records_no_crash(tuning: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    # Dying while making the inputs or running the reference is the machinery's failure: a crash record
+    # for every choice would be reused by later selections as if each choice had crashed.
+    monkeypatch.setenv("TUNEFORGE_TEST_PARENT_PID", str(os.getpid()))
+    choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])]
+    with caplog.at_level("WARNING"):
+        selection = select_detailed("add", choices, arrays(), out=np.empty(64),
+                                    generators={0: ones_but_killed_in_the_worker})
+    assert selection.choice.name == "add_slower" and selection.source == "fallback"
+    warnings = tuning_warnings(caplog)
+    assert len(warnings) == 1 and "before any choice ran" in warnings[0], warnings
+    assert [r.status for r in default_records().records()] == []
