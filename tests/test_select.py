@@ -4,8 +4,8 @@ import json
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
