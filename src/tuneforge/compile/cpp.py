@@ -302,8 +302,10 @@ class ArtifactMismatch(Exception):
 
 def _settings_digest() -> str:
     # The settings that change a build's command line (the compiler itself is in the selection key).
-    return key_hash([config.get("cpp.flags"), config.get("cpp.march"), config.get("cpp.opt_level"),
-                     config.get("cpp.include_dirs")])
+    # A default -march stands as "detected": resolving it costs the compiler probe that a warm start
+    # avoids, and the CPU it would detect is in the selection key already.
+    march = "detected" if config.source("cpp.march") == "default" else config.get("cpp.march")
+    return key_hash([config.get("cpp.flags"), march, config.get("cpp.opt_level"), config.get("cpp.include_dirs")])
 
 
 _by_key: dict[tuple[str, str], tuple[ModuleType, dict[str, Any]]] = {}
