@@ -1,0 +1,50 @@
+"""One warning per topic and process: the rule every degraded path follows (an outage, a read-only
+cache, an ignored record), so a loop over many keys or choices never floods the log.
+
+Later occurrences of a topic are logged at DEBUG, so `log_level=DEBUG` still shows each of them.
+Kept at the bottom of the package (it imports nothing of tuneforge) so every layer can use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+_seen: set[str] = set()
+_lock = threading.Lock()
+
+
+def first_time(topic: str) -> bool:
+    """True the first time `topic` is seen in this process (thread-safe), False after."""
+    with _lock:
+        if topic in _seen:
+            return False
+        _seen.add(topic)
+        return True
+
+
+def warn_once(log: logging.Logger, topic: str, message: str, *args: object) -> bool:
+    """Log `message` as a warning the first time `topic` comes up in this process, at DEBUG after.
+    Returns whether it was the first time."""
+    first = first_time(topic)
+    log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+    return first
+
+
+def forget(topic: str | None = None) -> None:
+    """Let `topic` (or every topic) warn again: for tests, and after the condition has cleared."""
+    with _lock:
+        if topic is None:
+            _seen.clear()
+        else:
+            _seen.discard(topic)
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave it held in the child forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
