@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuneforge import config
+from tuneforge import config, warn_once
 from tuneforge.compile import cpp, python
 from tuneforge.store.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, Record, write_bundle
-from tuneforge.tune import template
 from tuneforge.tune.template import KernelTemplate, TemplateChoice, rejected_hints
 
 from .conftest import run_python
@@ -54,10 +53,10 @@ def run(choice: TemplateChoice) -> float:
 
 
 @pytest.fixture
-def fresh_warning(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+def fresh_warning(cache_dir: Path,
                   caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """A cache of its own, and this process's 'logged once' flag cleared so the test sees the warning."""
-    monkeypatch.setattr(template, "_hints_warned", False)
+    warn_once.forget("tune.rejected-record-hint")
     caplog.set_level(logging.WARNING, logger="tuneforge.tune")
     yield caplog
 
@@ -75,6 +74,23 @@ def test_own_record_loads_without_a_render(fresh_warning: pytest.LogCaptureFixtu
     assert run(warm) == 2.0
     assert warm._source is None and warm.artifact_key == built.artifact_key  # no render: the hint was taken
     assert rejected_hints() == before and warnings_of(fresh_warning) == []
+
+
+def test_a_recorded_artifact_that_fails_to_load_is_rebuilt_not_a_failed_choice(
+        fresh_warning: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = scale(2)
+    assert run(built) == 2.0
+    from tuneforge.compile import cpp as cpp_module
+
+    def unreadable(key: str, **_: Any) -> Any:
+        raise OSError(f"Input/output error reading the entry of {key}")
+
+    monkeypatch.setattr(cpp_module, "load_module_by_key", unreadable)  # a failing disk, which no test can make
+    warm = scale(2)
+    before = rejected_hints()
+    warm.use_record({"artifact": built.artifact_key, "entry": built.entry})
+    assert run(warm) == 2.0 and warm.artifact_key == built.artifact_key
+    assert rejected_hints() == before and warnings_of(fresh_warning) == []  # not the record's fault
 
 
 def test_record_pointing_at_another_candidates_artifact_is_ignored(fresh_warning: pytest.LogCaptureFixture) -> None:

@@ -9,6 +9,7 @@ directories, the Python ABI for extension modules, and the artifact format versi
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -305,7 +306,12 @@ def _settings_digest() -> str:
     # A default -march stands as "detected": resolving it costs the compiler probe that a warm start
     # avoids, and the CPU it would detect is in the selection key already.
     march = "detected" if config.source("cpp.march") == "default" else config.get("cpp.march")
-    return key_hash([config.get("cpp.flags"), march, config.get("cpp.opt_level"), config.get("cpp.include_dirs")])
+    return _digest_of((config.get("cpp.flags"), march, config.get("cpp.opt_level"), config.get("cpp.include_dirs")))
+
+
+@functools.lru_cache(maxsize=8)
+def _digest_of(settings: tuple[Any, ...]) -> str:
+    return key_hash(list(settings))  # on every load of a recorded winner: hashed once per settings state
 
 
 _by_key: dict[tuple[str, str], tuple[ModuleType, dict[str, Any]]] = {}

@@ -13,7 +13,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
-from tuneforge.store.remote_support import _display_url, _setting_error, _warn_once, reset_after_fork
+from tuneforge.store.remote_support import _display_url, _warn_once, reset_after_fork
 
 if TYPE_CHECKING:
     from tuneforge.store.remote import RemoteCache
@@ -40,20 +40,14 @@ def default_remote() -> RemoteCache | None:
     """The RemoteCache named by the settings (one per url, namespace and secret); None without remote.url.
 
     None too, with one warning, when the ``redis`` or ``zstandard`` package is missing.  A malformed
-    setting raises ConfigError, and so does an empty secret: it would otherwise read as "no secret"
-    and silently turn signing off.  Without a secret, one warning per process says that the remote's
-    artifacts are unsigned, unless remote.allow_unsigned is set.
+    setting raises ConfigError (an empty secret is refused by the settings themselves: it would
+    otherwise read as "no secret" and silently turn signing off).  Without a secret, one warning per
+    process says that the remote's artifacts are unsigned, unless remote.allow_unsigned is set.
     """
     url = config.get("remote.url")
     if not url:
         return None
-    secret = config.get("remote.secret")
-    if secret is None and config.source("remote.secret") == "env":
-        # The environment variable is set but empty (or blank): parsing made that None.
-        raise _setting_error("remote.secret", "it is set but empty; give every machine that shares the "
-                             "remote cache the same non-empty secret, or unset it and set "
-                             "remote.allow_unsigned=true (TUNEFORGE_REMOTE_ALLOW_UNSIGNED=1) to share "
-                             "unsigned artifacts")
+    secret = config.get("remote.secret")  # never "": the settings refuse an empty secret (it is not "off")
     missing = [name for name in ("redis", "zstandard") if importlib.util.find_spec(name) is None]
     if missing:
         _warn_once("no-package", "remote.url is set but the Python package(s) %s are not installed: "

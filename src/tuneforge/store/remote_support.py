@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from tuneforge.errors import ConfigError
+from tuneforge.parsing import mask_url_password
 
 log = logging.getLogger("tuneforge.store.remote")
 
@@ -71,10 +71,8 @@ def _checked(name: str, coerce: Callable[[Any], Any], value: Any) -> Any:
 
 
 def _display_url(url: str) -> str:
-    """The URL without its password or query (which may hold one), for logs."""
-    parts = urlsplit(url)
-    _, at, hostport = parts.netloc.rpartition("@")
-    return urlunsplit((parts.scheme, f"***@{hostport}" if at else hostport, parts.path, "", ""))
+    """The URL with its password masked, for logs (the same masking as `config show`)."""
+    return mask_url_password(url)
 
 
 def reset_after_fork() -> None:

@@ -17,6 +17,7 @@ out of date (the artifact is gone, or was built under other cpp.* settings) is d
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from typing import Any
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
 from tuneforge.tune.choices import Builder, ConfiguredChoice, _completed, _failed, _key_value
+from tuneforge.warn_once import first_time
 
 Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
 Hook = Callable[[Mapping[str, Any], str], str]
@@ -39,7 +41,6 @@ _HOOK_MARK = "\x00tuneforge-hook:{}\x00"
 log = logging.getLogger("tuneforge.tune")
 _hints_lock = threading.Lock()
 _hints_rejected = 0
-_hints_warned = False
 
 
 def rejected_hints() -> int:
@@ -49,11 +50,10 @@ def rejected_hints() -> int:
 
 
 def _reject_hint(choice: TemplateChoice, hint: tuple[str, str], reason: str) -> None:
-    global _hints_rejected, _hints_warned
+    global _hints_rejected
     with _hints_lock:
         _hints_rejected += 1
-        first, _hints_warned = not _hints_warned, True
-    if first:  # one forged bundle would otherwise warn once per choice and per shape
+    if first_time("tune.rejected-record-hint"):  # a forged bundle would otherwise warn per choice and shape
         log.warning("ignored a tuning record that names compiled code not built for %s (%s: artifact %.60r, "
                     "entry %.60r); built it from its own source. Records come from the local database, "
                     "`tuneforge records import` and shipped bundles: check those you added. Further ignored "
@@ -168,17 +168,20 @@ class TemplateChoice(ConfiguredChoice):
         self._signature: str | None = None
         self._hash = "tpl" + key_hash({"template": template.identity,
                                        "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
-        # What the rendered source depends on (runtime parameters are not rendered): the artifact of a
-        # build records it, and a record's artifact is trusted only if it names this.
-        self.render_identity = "rnd" + key_hash({
-            "template": template.identity,
-            "config": {k: _key_value(v) for k, v in sorted(self.config.items()) if k not in template.runtime_params}})
         self.artifact_key: str | None = None  # with entry: where the built code is (records keep both)
         self.entry: str | None = None
         self.artifact_hint: tuple[str, str] | None = None
         self._kernel: Callable[..., Any] | None = None
         self._future: Future[Any] | None = None
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def render_identity(self) -> str:
+        """What the rendered source depends on (runtime parameters are not rendered): a build records it
+        in its artifact, and a record's artifact is trusted only if it names this. Computed when first
+        needed, since naming the candidates of a selection (every call of a new layout) must stay cheap."""
+        rendered = {k: _key_value(v) for k, v in sorted(self.config.items()) if k not in self.template.runtime_params}
+        return "rnd" + key_hash({"template": self.template.identity, "config": rendered})
 
     @property
     def source(self) -> str:
@@ -227,6 +230,10 @@ class TemplateChoice(ConfiguredChoice):
         except ArtifactMismatch as exc:
             log.debug("%s: not using the recorded artifact: %s", self.name, exc)
             return None, str(exc) if exc.suspect else ""
+        except Exception as exc:  # e.g. a damaged entry that will not import: the choice still builds itself
+            log.debug("%s: the recorded artifact %s does not load (%s); building the choice instead",
+                      self.name, artifact, exc)
+            return None, ""
         kernel: Callable[..., Any] | None = getattr(module, entry, None) if module is not None else None
         return kernel, ""
 
@@ -239,13 +246,12 @@ class TemplateChoice(ConfiguredChoice):
                 self.artifact_key, self.entry = hint
                 return kernel
             self.artifact_hint = None  # checked once: later loads build normally
-        try:
-            return self._load_built()
-        finally:
-            # The same source rendered for another configuration is the same artifact, built for (and
-            # marked with) whichever choice came first: not a bad record, as the key it derives shows.
-            if hint is not None and suspect and (self.artifact_key, self.entry) != hint:
-                _reject_hint(self, hint, suspect)
+        kernel = self._load_built()
+        # The same source rendered for another configuration is the same artifact, built for (and marked
+        # with) whichever choice came first: not a bad record, as the key it derives shows.
+        if hint is not None and suspect and (self.artifact_key, self.entry) != hint:
+            _reject_hint(self, hint, suspect)
+        return kernel
 
     def _load_built(self) -> Callable[..., Any]:
         if self.template.language == "python":
