@@ -11,6 +11,11 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuneforge.tune.choices import ExternChoice
 
 from .conftest import run_python
 
@@ -175,3 +180,36 @@ def test_worker_pinned_to_configured_cpus(cache_dir: Path) -> None:
         print(next(line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list")))
     """
     assert run_python(code).stdout.strip() == "0"
+
+
+pickled: dict[str, int] = {}  # choice name -> how often this process pickled it
+
+
+class CountedChoice(ExternChoice):
+    """A library call sent to the worker as if compiled, counting how often this process pickles it."""
+
+    is_native = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        pickled[self.name] = pickled.get(self.name, 0) + 1
+        return dict(self.__dict__)
+
+
+def test_each_choice_is_pickled_once_before_it_is_sent(cache_dir: Path) -> None:
+    # One pass finds both whether a choice can reach the worker and which __main__ names it needs;
+    # the second pickling is the send itself. A choice may carry a large source: no third pass.
+    from tuneforge import config
+    from tuneforge.tune.select import clear_memo, select_detailed
+
+    from . import tuning_kernels as k
+
+    clear_memo()
+    pickled.clear()
+    choices = [CountedChoice(k.add, "counted_add"), CountedChoice(k.add_slow, "counted_add_slow")]
+    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
+        selection = select_detailed("counted", choices, [np.ones(64), np.ones(64)], out=np.empty(64),
+                                    reference=ExternChoice(k.add))
+    assert selection.report is not None and selection.report.isolated
+    assert {r.choice_name: r.status for r in selection.records.values()} == {"counted_add": "ok",
+                                                                             "counted_add_slow": "ok"}
+    assert pickled == {"counted_add": 2, "counted_add_slow": 2}

@@ -247,3 +247,23 @@ def test_main_references_finds_functions_and_classes_of_main() -> None:
     finally:
         del sys.modules["__main__"].launch, sys.modules["__main__"].Params  # type: ignore[attr-defined]
     assert found == {"__main__.launch", "__main__.Params"}
+
+
+def test_check_pickle_says_what_cannot_be_sent_and_what_needs_main() -> None:
+    import threading
+
+    from tuneforge.tune.protocol import check_pickle
+
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def launch(kernel, args, config): pass\n", namespace)
+    sys.modules["__main__"].launch = namespace["launch"]  # type: ignore[attr-defined]
+    try:
+        needs_main = check_pickle({"launcher": namespace["launch"], "other": json.dumps})
+    finally:
+        del sys.modules["__main__"].launch  # type: ignore[attr-defined]
+    assert needs_main.picklable and needs_main.main_names == {"__main__.launch"}
+    plain = check_pickle([json.dumps, 1, "x"])
+    assert plain.picklable and plain.main_names == frozenset()
+    lock = check_pickle({"lock": threading.Lock()})
+    assert not lock.picklable and lock.error is not None and "lock" in lock.error
+    assert lock.main_names == frozenset()

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from tuneforge.tune.bench import Timing
 
 
-# ("ref", error|None) ("start", i) ("result", i, Record) ("confirmed", i, Record) ("done", verify_s, bench_s)
+# In order: ("inputs", runs_reference) once the example inputs exist, ("ref", error|None) once the reference
+# has run, then per choice ("start", i) ("result", i, Record), ("confirmed", i, Record) for a re-timed near
+# tie, ("done", verify_s, bench_s). The parent of a worker that dies tells the phases apart by them: making
+# the inputs (the machinery's failure), running the reference (the reference's), running choice i (its own).
 Event = tuple[Any, ...]
 
 
@@ -68,17 +71,19 @@ def error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, TuneforgeError) else f"{type(exc).__name__}: {exc}"
 
 
-def reference_failed_record(job: TrialJob, choice: Choice, reference: str, error: str) -> Record:
-    """The stand-in record of a choice left unrun because the reference `reference` failed with `error`."""
-    return make_record(job, choice, "runtime_error", error=f"not run: the reference {reference} failed: {error}",
-                       info={REFERENCE_FAILED: {"reference": reference, "error": error}})
+def reference_failed_record(job: TrialJob, choice: Choice, reference: str, error: str,
+                            status: str = "runtime_error") -> Record:
+    """The stand-in record of a choice left unrun because the reference `reference` failed with `error`
+    (`status`: ``runtime_error`` when it raised, ``crash`` or ``timeout`` when it killed or hung the worker)."""
+    return make_record(job, choice, status, error=f"not run: the reference {reference} failed: {error}",
+                       info={REFERENCE_FAILED: {"reference": reference, "status": status, "error": error}})
 
 
 def reference_failure(record: Record) -> tuple[str, str] | None:
-    """(reference name, its error) when `record` is a reference_failed_record, else None."""
+    """(reference name, "status: its error") when `record` is a reference_failed_record, else None."""
     mark = record.info.get(REFERENCE_FAILED)
     if isinstance(mark, dict):
-        return str(mark.get("reference", "")), str(mark.get("error", ""))
+        return str(mark.get("reference", "")), f"{mark.get('status', 'runtime_error')}: {mark.get('error', '')}"
     return None
 
 

@@ -11,7 +11,6 @@ choice that does nothing would be the fastest. Each record is handed to
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failure
+from tuneforge.tune.protocol import check_pickle
 from tuneforge.tune.trials import run_trials
 
 log = logging.getLogger("tuneforge.tune")
@@ -37,24 +37,27 @@ class Outcome:
     isolated: bool = False
 
 
-def _picklable(obj: object) -> bool:
-    try:
-        pickle.dumps(obj)
-        return True
-    except Exception:
-        return False
+def _split(job: TrialJob, choices: Sequence[Choice],
+           reference: Choice | None) -> tuple[list[Choice], list[Choice], dict[int, frozenset[str]]]:
+    """(choices for the isolated worker, choices to run here, the ``__main__`` names that the job, the
+    reference and each of those choices refer to, by id(): see runner._route).
 
-
-def _split(job: TrialJob, choices: Sequence[Choice], reference: Choice | None) -> tuple[list[Choice], list[Choice]]:
-    """(choices for the isolated worker, choices to run here)."""
+    Each object is pickled once here, for both answers; it is pickled again only when sent.
+    """
     if job.live_args is not None or not config.get("autotune.isolate") or not any(c.is_native for c in choices):
-        return [], list(choices)
-    if not _picklable(job) or (reference is not None and not _picklable(reference)):
+        return [], list(choices), {}
+    shared = [job, *([reference] if reference is not None else [])]
+    checks = {id(obj): check_pickle(obj) for obj in shared}
+    if not all(checks[id(obj)].picklable for obj in shared):
         log.warning("%s: the reference or an input generator cannot be sent to the benchmark worker "
                     "(define it at module level); compiled choices run in this process", job.name)
-        return [], list(choices)
-    remote = [c for c in choices if _picklable(c)]
-    return remote, [c for c in choices if c not in remote]
+        return [], list(choices), {}
+    for c in choices:
+        if id(c) not in checks:  # the reference is often one of the choices too
+            checks[id(c)] = check_pickle(c)
+    remote = [c for c in choices if checks[id(c)].picklable]
+    local = [c for c in choices if not checks[id(c)].picklable]
+    return remote, local, {i: check.main_names for i, check in checks.items()}
 
 
 def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
@@ -91,16 +94,16 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
 
     # Library calls last: their thread pools can keep spinning after they return (see Trials).
     built.sort(key=lambda c: c.is_extern)
-    remote, local = _split(job, built, reference)
+    remote, local, main_names = _split(job, built, reference)
     if remote:
         from tuneforge.tune.runner import run_isolated
 
-        verify_s, bench_s = run_isolated(job, remote, reference, record)
+        verify_s, bench_s = run_isolated(job, remote, reference, record, main_names)
         outcome.verify_s += verify_s
         outcome.bench_s += bench_s
         outcome.isolated = True
     if reference_failed:
-        _reference_failed(job, reference_failed[0][0], f"runtime_error: {reference_failed[0][1]}", outcome.records)
+        _reference_failed(job, reference_failed[0][0], reference_failed[0][1], outcome.records)
     if local:
         def emit(event: tuple[object, ...]) -> None:
             if event[0] in ("result", "confirmed"):
@@ -113,7 +116,7 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
 
         run_trials(job, local, reference, emit)
     if reference_failed:
-        _reference_failed(job, reference_failed[0][0], f"runtime_error: {reference_failed[0][1]}", outcome.records)
+        _reference_failed(job, reference_failed[0][0], reference_failed[0][1], outcome.records)
     return outcome
 
 

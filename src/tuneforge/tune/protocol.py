@@ -5,9 +5,9 @@ the worker makes its own example inputs from the specs with the same seed.
 
 Pickle sends functions and classes by name, so a launcher defined in the user's script arrives as
 ``__main__.launch_axpy`` and means nothing to the worker until it has imported that script:
-`main_references` lets the parent find such names before sending, and a message that cannot be
-unpickled is reported as `Unreadable` (its bytes consumed, the channel still in step) instead of
-killing the reader.
+`check_pickle` tells in one pickling pass whether an object can be sent at all and which such names
+it needs, and a message that cannot be unpickled is reported as `Unreadable` (its bytes consumed,
+the channel still in step) instead of killing the reader.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import select
 import struct
 import time
 import types
+from dataclasses import dataclass
 from typing import Any
 
 _HEADER = struct.Struct("<Q")
@@ -59,6 +60,31 @@ def main_references(obj: Any) -> set[str]:
     finder = _MainFinder(io.BytesIO())
     finder.dump(obj)
     return finder.found
+
+
+@dataclass(frozen=True)
+class PickleCheck:
+    """What pickling an object once (as `send` would) tells: whether it can be sent, and what it needs."""
+
+    error: str | None  # why it cannot be pickled; None when it can
+    main_names: frozenset[str]  # names in ``__main__`` its unpickling looks up (see `main_references`)
+
+    @property
+    def picklable(self) -> bool:
+        return self.error is None
+
+
+def check_pickle(obj: Any) -> PickleCheck:
+    """Pickle `obj` once: whether it can be sent to a worker, and which ``__main__`` names it refers to.
+
+    One pass for both, because a choice may hold sizeable data (sources, configurations) and every
+    choice is pickled again when it is sent.
+    """
+    try:
+        found = main_references(obj)
+    except Exception as exc:  # anything pickling raises: a lambda, a lock, a local class, a C handle
+        return PickleCheck(f"{type(exc).__name__}: {exc}", frozenset())
+    return PickleCheck(None, frozenset(found))
 
 
 def send(fd: int, message: Any) -> None:

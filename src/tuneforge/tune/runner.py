@@ -5,6 +5,12 @@ If the worker dies (segfault, abort) the choice it was running is recorded as ``
 signal; if a choice runs past ``autotune.bench_timeout_s`` the worker is killed and the choice is
 recorded as ``timeout``. Either way a fresh worker continues with the remaining choices.
 
+The events tell which phase a worker died in (see job.Event). While running the reference: the
+selection fails as it does when the reference raises (nothing could be verified), and the reference
+never runs in this process, where it would crash or hang the caller. While making the example inputs
+(e.g. the out-of-memory killer) or again and again between choices: the machinery failed, not a
+choice, so this raises and the selection falls back with one warning, recording nothing.
+
 A launcher or reference defined in the user's script is pickled as ``__main__.<name>``, which the
 worker resolves only after importing that script (see worker.py; as multiprocessing's spawn does).
 Before anything is benchmarked the parent finds such names, has the worker import the script, and
@@ -24,15 +30,17 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.job import TrialJob, make_record
-from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, main_references, receive, send
+from tuneforge.tune.job import TrialJob, make_record, reference_failed_record, reference_failure
+from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, check_pickle, receive, send
 from tuneforge.tune.trials import run_trials
+from tuneforge.warn_once import first_time, warn_once
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -90,7 +98,6 @@ _workers: dict[str, WorkerProcess] = {}
 _lock = threading.Lock()
 _in_worker = False  # set in the benchmark worker itself: it never starts a worker of its own
 _main_problem: str | None = None  # why the worker cannot import this process's main script, once known
-_warned: set[str] = set()  # what has been warned about (a function name, or a worker failure)
 
 
 def _worker(device: str = "cpu") -> WorkerProcess:
@@ -151,17 +158,11 @@ def main_script() -> dict[str, Any] | None:
     return {"path": os.path.abspath(path), "argv": list(sys.argv)}
 
 
-def _main_names(obj: object) -> set[str]:
-    try:
-        return main_references(obj)
-    except Exception:  # not picklable at all: measure() keeps such choices in this process anyway
-        return set()
-
-
-def _warn_once(topic: str, message: str, *args: object) -> None:
-    if topic not in _warned:
-        _warned.add(topic)
-        log.warning(message, *args)
+def _main_names(obj: object, known: Mapping[int, frozenset[str]] | None) -> frozenset[str]:
+    if known is not None and id(obj) in known:
+        return known[id(obj)]
+    # Not picklable at all gives no names: measure() keeps such choices in this process anyway.
+    return check_pickle(obj).main_names
 
 
 def _load_main(worker: WorkerProcess, main: dict[str, Any]) -> str | None:
@@ -186,15 +187,18 @@ def _load_main(worker: WorkerProcess, main: dict[str, Any]) -> str | None:
     return None
 
 
-def _route(job: TrialJob, choices: Sequence[Choice],
-           reference: Choice | None) -> tuple[list[Choice], list[Choice], dict[str, Any] | None]:
+def _route(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
+           main_names: Mapping[int, frozenset[str]] | None = None
+           ) -> tuple[list[Choice], list[Choice], dict[str, Any] | None]:
     """(choices for the worker, choices to run here, the main script the worker must import first).
 
     Decided before anything is benchmarked, so an unusable ``__main__`` costs a warning, not records.
+    `main_names` holds what an earlier pickling pass found (see measure._split), by id().
     """
     global _main_problem
-    shared = _main_names(job) | (_main_names(reference) if reference is not None else set())
-    own = {id(c): _main_names(c) for c in choices}
+    shared = _main_names(job, main_names) | (_main_names(reference, main_names) if reference is not None
+                                             else frozenset())
+    own = {id(c): _main_names(c, main_names) for c in choices}
     if not shared and not any(own.values()):
         return list(choices), [], None
     # What the worker sends back (records, errors) may name its alias of the script; as multiprocessing does.
@@ -210,8 +214,8 @@ def _route(job: TrialJob, choices: Sequence[Choice],
         return list(choices), [], main
     here = {id(c) for c in choices if shared or own[id(c)]}
     names = sorted(shared.union(*(own[i] for i in here)))
-    if not _warned.issuperset(names):  # one warning, naming every function of this selection at once
-        _warned.update(names)
+    new = [name for name in names if first_time(f"tune.runner:main-function:{name}")]  # marks every one
+    if new:  # one warning, naming every function of this selection at once
         hint = " or keep the script's own work under `if __name__ == \"__main__\":`" if main is not None else ""
         it = "it" if len(names) == 1 else "them"
         log.warning("%s: %s, defined in the main script, cannot reach the benchmark worker (%s); the trials that "
@@ -236,20 +240,31 @@ def _run_here(job: TrialJob, choices: Sequence[Choice], reference: Choice | None
 
 
 def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
-                 on_record: Callable[[Record], None]) -> tuple[float, float]:
+                 on_record: Callable[[Record], None],
+                 main_names: Mapping[int, frozenset[str]] | None = None) -> tuple[float, float]:
     """Run the trials of `choices` in the worker; returns (verify seconds, benchmark seconds).
 
-    Choices the worker cannot receive (see `_route`) run in this process, after the others.
+    Choices the worker cannot receive (see `_route`) run in this process, after the others, unless
+    the reference failed in the worker: then nothing could be verified, and a reference that crashed
+    or hung the worker must not run here. `main_names`: see `_route`.
     """
+    reference_failed = False
+
+    def record(r: Record) -> None:
+        nonlocal reference_failed
+        reference_failed = reference_failed or reference_failure(r) is not None
+        on_record(r)
+
     with _lock:
         try:
-            remote, here, main = ([], list(choices), None) if _in_worker else _route(job, choices, reference)
-            verify_s, bench_s, unsent = _run_in_worker(job, remote, reference, main, on_record)
+            remote, here, main = (([], list(choices), None) if _in_worker
+                                  else _route(job, choices, reference, main_names))
+            verify_s, bench_s, unsent = _run_in_worker(job, remote, reference, main, record)
         except BaseException:
             _discard()  # interrupted or broken mid-job: never leave a worker running a kernel
             raise
     here_ids = {id(c) for c in [*here, *unsent]}
-    if here_ids:  # in the caller's order (library calls last, see measure)
+    if here_ids and not reference_failed:  # in the caller's order (library calls last, see measure)
         here_verify_s, here_bench_s = _run_here(job, [c for c in choices if id(c) in here_ids], reference,
                                                 on_record)
         verify_s += here_verify_s
@@ -271,22 +286,23 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
         worker = _worker()
         problem = _load_main(worker, main) if main is not None else None
         if problem:  # it worked for an earlier worker: unlikely, and not the choices' fault
-            _warn_once(f"main:{problem}", "%s: the main script stopped importing in the benchmark worker (%s); "
-                       "the remaining trials run in this process", job.name, problem)
+            warn_once(log, f"tune.runner:main:{problem}", "%s: the main script stopped importing in the benchmark "
+                      "worker (%s); the remaining trials run in this process", job.name, problem)
             return verify_s, bench_s, remaining
         worker.send(("job", job, remaining, reference, _settings_snapshot()))
-        current: int | None = None
-        resume_at: int | None = None  # set once the reference has run: where a new worker resumes
+        progress = _Progress()
         try:
             while True:
                 event = worker.receive(timeout)
-                if event[0] == "ref":
-                    resume_at = 0
+                if event[0] == "inputs":
+                    progress.reference_running = bool(event[1])
+                elif event[0] == "ref":
+                    progress.reference_running, progress.resume_at = False, 0
                 elif event[0] == "start":
-                    current = event[1]
+                    progress.current = event[1]
                 elif event[0] == "result":
                     on_record(event[2])
-                    current, resume_at = None, event[1] + 1
+                    progress.current, progress.resume_at = None, event[1] + 1
                 elif event[0] == "confirmed":  # a near tie re-timed: replaces an earlier record
                     on_record(event[2])
                 elif event[0] == "done":
@@ -295,40 +311,59 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                     remaining = []
                     break
                 elif event[0] == "unreadable":  # the machinery failed, not a choice: never a crash record
-                    _warn_once(f"unreadable:{event[1]}", "%s: the benchmark worker cannot read the trials (%s); "
-                               "they run in this process, where a crash or hang is not isolated. Define launchers, "
-                               "references and generators in an importable module to run them isolated",
-                               job.name, event[1])
+                    warn_once(log, f"tune.runner:unreadable:{event[1]}", "%s: the benchmark worker cannot read the "
+                              "trials (%s); they run in this process, where a crash or hang is not isolated. Define "
+                              "launchers, references and generators in an importable module to run them isolated",
+                              job.name, event[1])
                     return verify_s, bench_s, remaining
                 elif event[0] == "error":
                     raise RuntimeError(f"benchmark worker failed: {event[1]}")
         except ChannelClosed:
-            reason = worker.death()
+            death = worker.death()
             _discard()
-            remaining = _after_failure(job, remaining, current, resume_at, "crash",
-                                       f"the benchmark worker was {reason} while running it", on_record)
+            remaining = _after_failure(job, remaining, progress, reference, "crash", death, on_record)
         except ChannelTimeout:
             _discard()
-            remaining = _after_failure(job, remaining, current, resume_at, "timeout",
-                                       f"still running after {timeout:g} s (autotune.bench_timeout_s); "
-                                       "the worker was killed", on_record)
+            remaining = _after_failure(job, remaining, progress, reference, "timeout", f"{timeout:g} s", on_record)
         stalls = stalls + 1 if remaining and len(remaining) == before else 0
     return verify_s, bench_s, []
 
 
-def _after_failure(job: TrialJob, remaining: list[Choice], current: int | None, resume_at: int | None,
-                   status: str, reason: str, on_record: Callable[[Record], None]) -> list[Choice]:
-    """Record the choice that was running and return the choices a fresh worker must still try.
+@dataclass
+class _Progress:
+    """How far one job in a worker got, from its events: which phase a death interrupted."""
 
-    A failure before any choice ran (making the example inputs, running the reference: e.g. the
-    out-of-memory killer) is no choice's fault: it raises, so the selection falls back without
-    recording anything that a later selection would take for a measurement."""
-    if current is None:
-        if resume_at is not None:  # died between two choices: nobody to blame, go on
-            return remaining[resume_at:]
+    reference_running: bool = False  # the inputs exist and the reference runs now
+    resume_at: int | None = None  # set once the reference has run: where a new worker resumes
+    current: int | None = None  # the choice running now
+
+
+def _after_failure(job: TrialJob, remaining: list[Choice], progress: _Progress, reference: Choice | None,
+                   status: str, detail: str, on_record: Callable[[Record], None]) -> list[Choice]:
+    """Record what the worker was running when it died (`status` crash, `detail` e.g. 'killed by SIGSEGV')
+    or hung (timeout, after `detail` seconds); return the choices a fresh worker must still try.
+
+    A failure while making the example inputs (e.g. the out-of-memory killer) is no choice's fault: it
+    raises, so the selection falls back without recording anything a later selection would take for a
+    measurement. A failure of the reference gives each remaining choice its stand-in record: the
+    selection then fails as it does when the reference raises.
+    """
+    if progress.current is None:
+        if progress.resume_at is not None:  # died between two choices: nobody to blame, go on
+            return remaining[progress.resume_at:]
+        if progress.reference_running and reference is not None:
+            error = (f"the reference crashed the benchmark worker ({detail})" if status == "crash" else
+                     f"the reference did not finish within {detail} (autotune.bench_timeout_s); the worker "
+                     "was killed")
+            for choice in remaining:
+                on_record(reference_failed_record(job, choice, reference.name, error, status))
+            return []
+        what = f"it was {detail}" if status == "crash" else f"no answer within {detail}"
         raise RuntimeError(f"the benchmark worker failed before any choice ran, while making the example inputs "
-                           f"or running the reference ({status}: {reason})")
-    choice = remaining[current]
+                           f"({status}: {what})")
+    reason = (f"the benchmark worker was {detail} while running it" if status == "crash" else
+              f"still running after {detail} (autotune.bench_timeout_s); the worker was killed")
+    choice = remaining[progress.current]
     log.warning("%s: %s (%s)", choice.name, status, reason)
     on_record(make_record(job, choice, status, error=reason))
-    return remaining[current + 1:]
+    return remaining[progress.current + 1:]

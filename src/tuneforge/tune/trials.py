@@ -1,7 +1,9 @@
 """Verify and time built choices on one set of arguments; the same code runs in-process or in a worker.
 
-The reference runs first; when it raises, no choice runs at all (each gets a stand-in record that
-the caller turns into an error), because an unverified choice that does nothing would be the fastest.
+The example inputs are made first, then the reference runs (each step is reported, so the parent of
+a worker that dies knows which one killed it). When the reference raises, no choice runs at all (each
+gets a stand-in record that the caller turns into an error), because an unverified choice that does
+nothing would be the fastest.
 A trial of one choice: run it once from the initial state and compare its outputs with the
 reference's (a failure is ``runtime_error`` or ``wrong_result``), then time it with the outputs (and
 any input it wrote into) restored before every run. Each finished trial is reported at once, so a
@@ -30,7 +32,7 @@ log = logging.getLogger("tuneforge.tune")
 class Trials:
     """Holds the arguments, their initial state and the reference's outputs for a run of trials."""
 
-    def __init__(self, job: TrialJob, args: list[Any], reference: Choice | None) -> None:
+    def __init__(self, job: TrialJob, args: list[Any]) -> None:
         self.job, self.args = job, args
         self.original = verify.snapshot(args)
         if job.poison_outputs:
@@ -39,21 +41,32 @@ class Trials:
         self.initial = verify.snapshot(args)  # every run starts from here
         self.inputs = [i for i in range(len(args)) if i not in job.outputs]
         self.expected: list[Any] | None = None
+        self.reference: Choice | None = None
         self.reference_error: str | None = None
         self.verify_s = self.bench_s = 0.0
         self.best_ms: float | None = None  # fastest median so far: slower choices may be abandoned early
-        if reference is not None and config.get("autotune.verify"):
-            try:
-                reference.run(args)
-                self.expected = verify.snapshot(args)
-            except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
-                self.reference_error = error_text(exc)
-            verify.restore(args, self.initial)
-            if reference.is_extern:
-                # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
-                # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
-                time.sleep(float(config.get("autotune.settle_s")))
+
+    @staticmethod
+    def checks_with(reference: Choice | None) -> bool:
+        """Whether `run_reference` runs `reference` (verification is on and there is one)."""
+        return reference is not None and bool(config.get("autotune.verify"))
+
+    def run_reference(self, reference: Choice | None) -> None:
+        """Take the expected outputs from `reference`, or note its error (then no choice runs)."""
         self.reference = reference
+        if reference is None or not self.checks_with(reference):
+            return
+        args = self.args
+        try:
+            reference.run(args)
+            self.expected = verify.snapshot(args)
+        except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
+            self.reference_error = error_text(exc)
+        verify.restore(args, self.initial)
+        if reference.is_extern:
+            # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
+            # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
+            time.sleep(float(config.get("autotune.settle_s")))
 
     def run(self, choice: Choice) -> Record:
         started = time.perf_counter()
@@ -135,7 +148,10 @@ class Trials:
 def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
                emit: Callable[[Event], None]) -> None:
     """Run every trial, reporting each event as it happens (the worker streams them to the parent)."""
-    trials = Trials(job, job.materialize(), reference)
+    trials = Trials(job, job.materialize())
+    # The parent of a worker that dies from here on blames the reference, not the machinery (see runner).
+    emit(("inputs", Trials.checks_with(reference)))
+    trials.run_reference(reference)
     emit(("ref", trials.reference_error))
     try:
         if trials.reference_error is not None:
