@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pytest
 
 import tuneforge
 from tuneforge.store.artifacts import ArtifactStore
-from tuneforge.store.records import Record, RecordDB
+from tuneforge.store.records import Record, RecordDB, RecordError
 
 from .conftest import run_python
 
@@ -118,6 +119,66 @@ def test_clear_repairs_a_damaged_file(tmp_path: Path) -> None:
         assert db.count() == 0
     assert not _full_scan_fails(path)
     assert len(list(tmp_path.glob("records.sqlite.corrupt-*"))) == 1
+
+
+def test_the_wal_of_a_damaged_file_never_sits_beside_a_free_name(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between moving a damaged file aside and moving its WAL, a process opening the name would make a
+    fresh database beside the old WAL, which SQLite may take for its own: the WAL must go first."""
+    path = _filled(tmp_path / "records.sqlite")
+    _garble_a_middle_page(path)
+    other = sqlite3.connect(path)  # another user of the damaged file: its WAL stays while it is open
+    try:
+        other.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+        assert Path(f"{path}-wal").exists()
+        states: list[tuple[bool, bool]] = []  # (the name is taken, its -wal exists) after each rename
+        rename = os.rename
+
+        def watched_rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+            rename(src, dst)
+            states.append((os.path.exists(path), os.path.exists(f"{path}-wal")))
+
+        monkeypatch.setattr(os, "rename", watched_rename)
+        with RecordDB(path) as db:
+            assert db.records() == []
+            db.put(_record(1))
+        monkeypatch.undo()
+        assert states and (False, True) not in states, states
+        aside = [p for p in tmp_path.glob("records.sqlite.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+        assert len(aside) == 1 and Path(f"{aside[0]}-wal").exists()  # kept with its file, for inspection
+        with RecordDB(path) as db:
+            assert [r.choice for r in db.records()] == ["choice1"]
+    finally:
+        other.close()
+
+
+def test_no_process_opens_the_database_while_another_moves_it_aside(tmp_path: Path) -> None:
+    path = _filled(tmp_path / "records.sqlite", n=8)
+    lock = tmp_path / "records.sqlite.quarantine.lock"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys
+        fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        sys.stdin.read()  # until the test closes stdin
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(RecordError, match="quarantine.lock"):
+            RecordDB(path, timeout_s=0.5).records()
+        waiting = RecordDB(path, timeout_s=120)
+        done: list[int] = []
+        opener = threading.Thread(target=lambda: done.append(len(waiting.records())))
+        opener.start()
+        opener.join(0.5)
+        assert not done, "opened the database while another process held its quarantine lock"
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    opener.join(120)
+    assert done == [8]
+    waiting.close()
 
 
 @pytest.mark.parametrize(("column", "value"), [("info", "{not json"), ("params", "[1, 2"), ("status", "bogus"),
@@ -344,3 +405,33 @@ def test_corrupt_stats_file_is_recounted_from_the_entries(tmp_path: Path, conten
     fresh.get("key0abcdefgh")
     fresh.flush_stats()  # the next write repairs the file
     assert json.loads((tmp_path / "store" / "stats.json").read_text())["bytes"] == good.bytes
+
+
+def test_a_corrupt_stats_file_of_a_read_only_store_is_repaired_once(tmp_path: Path) -> None:
+    """A read-only store cannot rewrite its damaged stats.json: the repair (a scan of every entry) and its
+    warning must not come back with every flush and every `cache stats`."""
+    cache = tmp_path / "shared"
+    store = ArtifactStore(cache / "artifacts")
+    for i, size in enumerate((100, 2000, 30000)):
+        store.put(f"key{i}abcdefgh", {"blob": os.urandom(size)})
+    good = store.stats()
+    del store
+    (cache / "artifacts" / "stats.json").write_bytes(b"\x00\xff{garbage")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = _COLLECT_WARNINGS + textwrap.dedent(f"""
+        from tuneforge.store.artifacts import ArtifactStore
+        store = ArtifactStore({str(cache / "artifacts")!r})
+        for _ in range(3):
+            assert store.get("key0abcdefgh") is not None
+            store.flush_stats()
+        stats = store.stats()
+        again = ArtifactStore({str(cache / "artifacts")!r}).stats()  # `cache stats` in the same process
+        print(json.dumps({{"warnings": warnings, "hits": stats.hits, "bytes": [stats.bytes, again.bytes]}}))
+    """)
+    child = run_read_only(cache, code, env={"TMPDIR": str(tmp)})
+    out = json.loads(child.stdout.strip().splitlines()[-1])
+    about_stats = [w for w in out["warnings"] if "stats.json" in w]
+    assert len(about_stats) == 1 and "corrupt" in about_stats[0], out["warnings"]
+    assert len(out["warnings"]) == 2  # and the one that the cache is read-only
+    assert out["hits"] == 3 and out["bytes"] == [good.bytes, good.bytes]

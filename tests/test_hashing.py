@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from tuneforge import config
 from tuneforge.compile.cpp import CppBuild, artifact_key
-from tuneforge.hashing import KeyMaterialError, code_hash, key_hash, stable_dumps, system_fingerprint
+from tuneforge.hashing import KeyMaterialError, code_hash, key_hash, stable_dumps
+from tuneforge.tune.fingerprint import system_fingerprint
 
 from .conftest import run_python
 

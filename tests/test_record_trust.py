@@ -171,8 +171,8 @@ GEMM_CHILD = """
 
 def forged_float32_bundle(path: Path) -> Path:
     """A bundle for the float32 gemm of GEMM_CHILD whose rows all point at a compiled float64 kernel."""
-    from tuneforge.hashing import system_fingerprint
     from tuneforge.kernels.gemm import Problem, choices
+    from tuneforge.tune.fingerprint import system_fingerprint
     from tuneforge.tune.select import selection_key
     from tuneforge.tune.specs import TensorSpec
 

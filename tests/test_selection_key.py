@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuneforge import config, cpuinfo, hashing
+from tuneforge import config, cpuinfo
+from tuneforge.tune import fingerprint
 from tuneforge.tune.choices import ExternChoice
 from tuneforge.tune.select import clear_memo, select_detailed, selection_key
 
@@ -50,7 +51,7 @@ def arm_text(part: str, *, implementer: str = "0x41", features: tuple[str, ...] 
 
 def forget_machine_facts() -> None:
     cpuinfo.cpu_info.cache_clear()
-    hashing.clear_fingerprint_cache()
+    fingerprint.clear_fingerprint_cache()
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_fake_cpuinfo_is_what_the_key_sees(key_on: Callable[[str], str]) -> None
     first = key_on(x86_text("Test CPU 9000"))
     assert key_on(x86_text("Test CPU 9000")) == first  # same facts, same key: nothing random in it
     assert cpuinfo.cpu_info().model == "Test CPU 9000"
-    assert hashing.system_fingerprint()["cpu_model"] == "Test CPU 9000"
+    assert fingerprint.system_fingerprint()["cpu_model"] == "Test CPU 9000"
 
 
 def test_cpu_model_name_changes_the_key(key_on: Callable[[str], str]) -> None:
@@ -116,7 +117,7 @@ def test_core_count_changes_the_key(key_on: Callable[[str], str], monkeypatch: p
     cores = os.cpu_count() or 1
     monkeypatch.setattr(os, "cpu_count", lambda: cores * 2)
     assert key_on(text) != real
-    assert hashing.system_fingerprint()["cores"] == cores * 2
+    assert fingerprint.system_fingerprint()["cores"] == cores * 2
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     assert key_on(text) == real
 
@@ -125,7 +126,7 @@ def test_compiler_setting_changes_the_key_in_this_process(cache_dir: Path, wrapp
     default = selection_key("gemm", ARGS)
     with config.patch(cpp_cxx=str(wrapper_compiler)):
         other = selection_key("gemm", ARGS)
-        assert hashing.system_fingerprint()["compiler"]["name"] == "logging-g++"
+        assert fingerprint.system_fingerprint()["compiler"]["name"] == "logging-g++"
     assert other != default
     assert selection_key("gemm", ARGS) == default  # back to the default compiler: its records again
 

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuneforge.store import _fsutil as fs
 from tuneforge.store import entry as entry_mod
+from tuneforge.store import fsutil as fs
 from tuneforge.store.artifacts import ArtifactStore, StoreError, validate_key
 
 KEY = "ab12cd34ef56"

@@ -8,12 +8,13 @@ that the canary is still there.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from tuneforge.store import _fsutil as fs
+from tuneforge.store import fsutil as fs
 from tuneforge.store.artifacts import ArtifactStore, StoreError
 
 KEY = "ab12cd34ef56"
@@ -78,6 +79,24 @@ def test_a_linked_shard_or_entry_is_never_followed(tmp_path: Path) -> None:
     store.cleanup_temp(max_age_s=0)
     assert shard_canary.read_text() == "precious"
     assert (entries / "zz").is_symlink()  # not ours to remove, and never walked
+
+
+def test_a_shard_turned_into_a_link_after_a_lookup_is_never_written_or_removed_through(tmp_path: Path) -> None:
+    """Lookups trust a shard once seen to be a real directory; writes and removals look again."""
+    canary = _outside(tmp_path, entry_like=KEY)
+    store = _filled_store(tmp_path)
+    assert store.get(KEY) is not None and store.contains(KEY)
+    shard = tmp_path / "store" / "entries" / KEY[:2]
+    shutil.rmtree(shard)
+    shard.symlink_to(canary.parent.parent, target_is_directory=True)
+    other = KEY[:2] + "99999999zz"  # not there, in the same shard: a build would write through the link
+    for operation in (lambda: store.get(KEY), lambda: store.remove(KEY), lambda: store.put(other, {"f": b"1"}),
+                      lambda: store.get_or_build(other, lambda d: (d / "f").write_bytes(b"1") and None)):
+        with pytest.raises(StoreError, match=f"{shard} is a symbolic link"):
+            operation()
+    assert canary.read_text() == "precious" and sorted(p.name for p in canary.parent.parent.iterdir()) == [KEY]
+    assert store.keys() == [] and store.prune(0).removed == 0 and store.clear() == 0
+    assert canary.read_text() == "precious" and shard.is_symlink()
 
 
 @pytest.mark.parametrize("linked", ["tmp", "entries", "locks"])

@@ -30,12 +30,13 @@ from tuneforge.console import (
 )
 from tuneforge.errors import TuneforgeError
 from tuneforge.parsing import format_size, parse_size
+from tuneforge.store.fsutil import nearest_existing
 
 
 def _cache_root() -> Path:
     """The cache directory, refused up front when it cannot be one (the OS error would name a subpath)."""
     root = Path(config.get("cache_dir"))
-    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    existing = nearest_existing(root)
     if existing is not None and not existing.is_dir():
         what = "is not a directory" if existing == root else f"cannot be created: {existing} is a file"
         raise click.ClickException(f"the cache directory {root} {what}; point TUNEFORGE_CACHE_DIR "

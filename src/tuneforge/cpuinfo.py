@@ -1,6 +1,6 @@
 """What CPU this is: model name, the SIMD features actually usable, core count, cache sizes.
 
-These facts name the machine in every tuning record's key (hashing.system_fingerprint), so they
+These facts name the machine in every tuning record's key (tune.fingerprint.system_fingerprint), so they
 must tell apart machines whose timings differ even where the marketing name does not: a cloud VM
 says "AMD EPYC" for several generations, and an ARM kernel often has no model name at all. The
 vendor/family/model numbers (x86) or implementer/part (ARM) are kept as `ident` for that.

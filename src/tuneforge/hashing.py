@@ -1,4 +1,4 @@
-"""Content keys: stable serialisation of key material and the system fingerprint.
+"""Content keys: stable serialisation of key material (the machine's fingerprint is `tune/fingerprint.py`).
 
 A key must be the same in every process, on every machine and Python version that would produce
 the same artifact, so key material is serialised by an explicit, type-tagged encoder rather than
@@ -11,17 +11,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import functools
 import hashlib
 import json
 import math
 import os
-import platform
 import sys
 from pathlib import PurePath
 from typing import Any
-
-from tuneforge._version import __version__
 
 # Bumped when the encoding below changes, so old and new keys can never collide.
 KEY_FORMAT_VERSION = 1
@@ -114,43 +110,3 @@ def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def system_fingerprint() -> dict[str, Any]:
-    """Facts about this machine that can change a tuning result: computed once per process and
-    compiler setting (a record tuned with one compiler must not answer for another one)."""
-    from tuneforge import config
-
-    # The compiler is found from these three strings (toolchain.find_compiler): keying on them costs
-    # a few dict lookups per call (~1.5 us), where resolving the compiler would stat PATH every select().
-    return _fingerprint(config.get("cpp.cxx") or "", os.environ.get("CXX", ""), os.environ.get("PATH", ""))
-
-
-@functools.lru_cache(maxsize=8)
-def _fingerprint(cxx_setting: str, cxx_env: str, path: str) -> dict[str, Any]:
-    from tuneforge import cpuinfo
-    from tuneforge.compile.toolchain import default_toolchain
-
-    cpu = cpuinfo.cpu_info()
-    try:
-        compiler: dict[str, Any] = default_toolchain().identity()
-    except Exception as exc:  # a machine without a compiler still has a fingerprint
-        compiler = {"error": type(exc).__name__}
-    facts: dict[str, Any] = {
-        "os": platform.system(),
-        "machine": platform.machine(),
-        "cpu_model": cpu.model,
-        "cpu_id": cpu.ident,
-        "isa": list(cpu.isa),
-        "cores": cpu.cores,
-        "compiler": compiler,
-        "python": f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
-        "tuneforge": __version__,
-    }
-    facts["hash"] = key_hash(facts)
-    return facts
-
-
-def clear_fingerprint_cache() -> None:
-    """Forget the fingerprints computed so far (after the facts behind them were re-read)."""
-    _fingerprint.cache_clear()

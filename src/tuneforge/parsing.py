@@ -234,6 +234,9 @@ def coerce_namespace(value: Any) -> str:
     return text
 
 
+DETECT_MARCH = "detect"  # cpp.march's default: the toolchain resolves it to the CPU the compiler detects
+
+
 def coerce_march(value: Any) -> str:
     text = coerce_optional_str(value)
     if text is None:

@@ -55,12 +55,6 @@ def _user_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("tuneforge", appauthor=False))
 
 
-def _detected_march() -> str:
-    from tuneforge.compile.toolchain import default_toolchain
-
-    return default_toolchain().march
-
-
 GiB = 2**30
 
 SETTINGS: tuple[Setting, ...] = (
@@ -86,8 +80,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Extra compiler flags appended to every C++ build (shell syntax in the environment)."),
     Setting("cpp.openmp", parsing.parse_bool, parsing.coerce_bool, False,
             "Build C++ kernels with OpenMP by default."),
-    Setting("cpp.march", parsing.parse_optional_str, parsing.coerce_march, _detected_march,
-            "Target CPU for -march (default: the CPU detected by the compiler; never the literal 'native')."),
+    Setting("cpp.march", parsing.parse_optional_str, parsing.coerce_march, parsing.DETECT_MARCH,
+            "Target CPU for -march: 'detect' (the default) builds for the CPU the compiler detects, named "
+            "explicitly in every key; never the literal 'native'."),
     Setting("cpp.opt_level", parsing.parse_opt_level, parsing.coerce_opt_level, "3",
             "Optimisation level: 0, 1, 2, 3, s or fast."),
     Setting("cpp.include_dirs", parsing.parse_path_list, parsing.coerce_path_tuple, (),

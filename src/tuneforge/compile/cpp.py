@@ -121,7 +121,7 @@ def _include_dirs(build: CppBuild) -> list[str]:
 
 def compile_command(build: CppBuild, toolchain: Toolchain, source: str, output: str) -> list[str]:
     return toolchain.command_line(source, output, opt_level=config.get("cpp.opt_level"),
-                                  march=config.get("cpp.march"), openmp=build.openmp,
+                                  march=toolchain.resolve_march(config.get("cpp.march")), openmp=build.openmp,
                                   flags=_effective_flags(build), include_dirs=_include_dirs(build))
 
 
@@ -140,7 +140,7 @@ def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
         "source_sha256": hashlib.sha256(build.source.encode()).hexdigest(),
         "command": command,
         "compiler": toolchain.identity(),
-        "march": config.get("cpp.march"),
+        "march": toolchain.resolve_march(config.get("cpp.march")),
         "include_dirs": {placeholders[d]: digest for d, digest in digests.items()},
     }
     if build.python_module:
@@ -303,10 +303,10 @@ class ArtifactMismatch(Exception):
 
 def _settings_digest() -> str:
     # The settings that change a build's command line (the compiler itself is in the selection key).
-    # A default -march stands as "detected": resolving it costs the compiler probe that a warm start
-    # avoids, and the CPU it would detect is in the selection key already.
-    march = "detected" if config.source("cpp.march") == "default" else config.get("cpp.march")
-    return _digest_of((config.get("cpp.flags"), march, config.get("cpp.opt_level"), config.get("cpp.include_dirs")))
+    # cpp.march as set ("detect" by default), unresolved: resolving costs the compiler probe that a warm
+    # start avoids, and the CPU it would detect is in the selection key already.
+    return _digest_of((config.get("cpp.flags"), config.get("cpp.march"), config.get("cpp.opt_level"),
+                       config.get("cpp.include_dirs")))
 
 
 @functools.lru_cache(maxsize=8)

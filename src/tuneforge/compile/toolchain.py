@@ -8,7 +8,6 @@ a fresh process pays one stat() and one small JSON read.
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import json
@@ -29,6 +28,8 @@ from typing import Any
 from tuneforge import config, cpuinfo
 from tuneforge.errors import ToolchainError
 from tuneforge.hashing import file_hash
+from tuneforge.parsing import DETECT_MARCH
+from tuneforge.store.fsutil import is_readonly_error
 
 log = logging.getLogger("tuneforge.compile")
 
@@ -62,6 +63,11 @@ class Toolchain:
         """What names this compiler in a key: no absolute path, but its own content hash."""
         return {"name": os.path.basename(self.command[-1]), "kind": self.kind, "version": self.version,
                 "target": self.target, "sha256": self.binary_sha256}
+
+    def resolve_march(self, setting: str) -> str:
+        """The CPU name the cpp.march setting stands for: the detected one for 'detect' (probed only
+        here, when a build needs it), else the setting itself."""
+        return self.march if setting == DETECT_MARCH else setting
 
     def target_flags(self, march: str) -> list[str]:
         """-march for `march`, plus the detected extra features when `march` is the detected CPU."""
@@ -231,7 +237,7 @@ def _save_probe(path: Path, data: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         # A read-only cache (shared, pre-built) is reported once by the store; probing again is cheap.
-        quiet = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        quiet = is_readonly_error(exc)
         log.log(logging.DEBUG if quiet else logging.WARNING, "cannot save compiler probe to %s: %s", path.parent, exc)
 
 

@@ -30,13 +30,14 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tuneforge.store import _fsutil as fs
+from tuneforge.store import fsutil as fs
 from tuneforge.store.entry import (
     MANIFEST,
     Entry,
     StoreError,
     check_files,
     check_manifest,
+    fill_staging,
     json_dict,
     make_manifest,
     scan_entries,
@@ -88,6 +89,7 @@ class ArtifactStore:
         # (dir inode, manifest dev, manifest inode, manifest size) of entries whose checksums this
         # instance has verified; the manifest mtime is left out because every hit bumps it.
         self._verified: dict[str, tuple[int, int, int, int]] = {}
+        self._real_shards: set[str] = set()  # shards of entries/ seen to be real directories
         self._cleaned_temp = False
         self._mutex = threading.Lock()
         self._mode_checked = self._layout_checked = False  # whether it is writable, has no linked dirs
@@ -100,11 +102,23 @@ class ArtifactStore:
     # ----------------------------------------------------------------------------------- paths, locks
 
     def _entry_dir(self, key: str) -> Path:
+        """The directory of ``key``'s entry.  Lookups trust a shard this instance found real before;
+        writes and removals check it again (:meth:`_check_shard`)."""
         shard = self._entries / key[:2]
-        with contextlib.suppress(FileNotFoundError):
-            if not stat.S_ISDIR(os.lstat(shard).st_mode):  # a link: lookups would discard, builds write, outside
-                raise StoreError(f"artifact store {self.root}: {shard} is a symbolic link or file; remove it")
+        if shard.name not in self._real_shards:
+            self._check_shard(shard)
         return shard / key
+
+    def _check_shard(self, shard: Path) -> None:
+        # Through a linked shard, lookups would discard, and builds write, outside the store.
+        try:
+            mode = os.lstat(shard).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(mode):
+            self._real_shards.discard(shard.name)
+            raise StoreError(f"artifact store {self.root}: {shard} is a symbolic link or file; remove it")
+        self._real_shards.add(shard.name)
 
     def _key_lock_path(self, key: str) -> Path:
         return self._locks / key[:2] / f"{key}.lock"
@@ -147,23 +161,16 @@ class ArtifactStore:
             raise StoreError(f"timed out after {self.lock_timeout_s:g}s waiting for the lock on {what} "
                              f"({exc.path}); another process holds it") from None
         except OSError as exc:
-            if entered or exc.errno not in fs.READONLY_ERRNOS:
+            if entered or not fs.is_readonly_error(exc):
                 raise
             raise _ReadOnly(f"cannot create the lock {path} ({exc.strerror})") from exc
 
     def _new_staging(self, key: str) -> Path:
         self._check_layout()
         try:
-            self._tmp.mkdir(parents=True, exist_ok=True)
-            while True:
-                path = self._tmp / fs.temp_name(key)
-                try:
-                    path.mkdir()
-                    return path
-                except FileExistsError:  # pragma: no cover - 48 random bits
-                    continue
+            return fs.make_temp_dir(self._tmp, key)
         except OSError as exc:
-            if exc.errno not in fs.READONLY_ERRNOS:
+            if not fs.is_readonly_error(exc):
                 raise
             raise _ReadOnly(f"cannot create a staging directory in {self._tmp} ({exc.strerror})") from exc
 
@@ -172,6 +179,7 @@ class ArtifactStore:
         if not os.path.lexists(path):
             return None
         self._check_layout()  # renaming into a linked tmp/ would move the entry out of the store
+        self._check_shard(path.parent)  # through a linked shard, the entry is not ours
         self._tmp.mkdir(parents=True, exist_ok=True)
         doomed = self._tmp / fs.temp_name("trash")
         try:
@@ -283,22 +291,9 @@ class ArtifactStore:
             return overlay.put(key, files, meta=meta_d, key_inputs=inputs_d)
         self._cleanup_temp_once()
 
-        def write_files(staging: Path) -> dict[str, dict[str, Any]]:
-            table: dict[str, dict[str, Any]] = {}
-            for name, value in files.items():
-                if isinstance(value, Path):
-                    size, digest = fs.copy_file(value, staging / name)
-                elif isinstance(value, str):
-                    size, digest = fs.write_file(staging / name, value.encode("utf-8"))
-                elif isinstance(value, (bytes, bytearray, memoryview)):
-                    size, digest = fs.write_file(staging / name, bytes(value))
-                else:
-                    raise StoreError(f"file {name!r}: need bytes, str or Path, not {type(value).__name__}")
-                table[name] = {"size": size, "sha256": digest}
-            return table
-
         try:
-            entry, published = self._stage_and_publish(key, write_files, meta_d, inputs_d)
+            entry, published = self._stage_and_publish(key, lambda staging: fill_staging(staging, files), meta_d,
+                                                        inputs_d)
         except _ReadOnly as exc:
             return self._degrade(str(exc)).put(key, files, meta=meta_d, key_inputs=inputs_d)
         if published:
@@ -368,8 +363,9 @@ class ArtifactStore:
         data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
         fs.write_file(staging / MANIFEST, data)
         fs.fsync_dir(staging)
-        target = self._entry_dir(key)
+        target = self._entries / key[:2] / key
         target.parent.mkdir(parents=True, exist_ok=True)
+        self._check_shard(target.parent)  # after mkdir, which takes a link for a directory
         for _ in range(3):
             try:
                 os.rename(staging, target)

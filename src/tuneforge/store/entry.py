@@ -15,7 +15,7 @@ from typing import Any
 
 from tuneforge._version import __version__
 from tuneforge.errors import TuneforgeError
-from tuneforge.store._fsutil import hash_file, tree_size
+from tuneforge.store.fsutil import copy_file, hash_file, tree_size, write_file
 
 MANIFEST = "manifest.json"
 FORMAT = "tuneforge-artifact-store"
@@ -146,6 +146,22 @@ def scan_entries(entries: Path) -> list[tuple[float, str, Path, int]]:
                     last_used = 0.0  # broken entry: evict it first
                 found.append((last_used, item.name, path, tree_size(path)))
     return found
+
+
+def fill_staging(staging: Path, files: Mapping[str, bytes | str | Path]) -> dict[str, dict[str, Any]]:
+    """Write ``files`` into a fresh staging dir (``str`` as UTF-8, ``Path`` copied); return their table."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, value in files.items():
+        if isinstance(value, Path):
+            size, digest = copy_file(value, staging / name)
+        elif isinstance(value, str):
+            size, digest = write_file(staging / name, value.encode("utf-8"))
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            size, digest = write_file(staging / name, bytes(value))
+        else:
+            raise StoreError(f"file {name!r}: need bytes, str or Path, not {type(value).__name__}")
+        table[name] = {"size": size, "sha256": digest}
+    return table
 
 
 def scan_staging(key: str, staging: Path) -> dict[str, dict[str, Any]]:

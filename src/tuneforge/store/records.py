@@ -6,10 +6,11 @@ another process holds the write lock, so concurrent writers lose nothing.  The s
 ``meta`` table and migrated forward on open; a database newer than this code is refused.
 
 A damaged file (truncated, a garbled page) is moved aside as ``<name>.corrupt-<time>`` with one warning
-and a fresh database takes its place; a row that no longer decodes is skipped with one warning.  A
-database that cannot be written (a shared cache mounted read-only) is opened read-only, with no
-journal-mode switch, and what this process measures goes to an overlay database in a private temp
-directory, whose rows are merged into every read.
+and a fresh database takes its place; the move holds the side lock ``<name>.quarantine.lock``, which
+every writable open takes too, so no process opens a half-moved file or a fresh one beside the old WAL.
+A row that no longer decodes is skipped with one warning.  A database that cannot be written (a shared
+cache mounted read-only) is opened read-only, with no journal-mode switch, and what this process
+measures goes to an overlay database in a private temp directory, whose rows are merged into every read.
 
 The `Record` type and bundle files (export/import as versioned JSON) live in `bundle.py`; they are
 re-exported here, so ``tuneforge.store.records`` is the one module to import.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tuneforge.store import _fsutil as fs
+from tuneforge.store import fsutil as fs
 from tuneforge.store.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -150,8 +151,7 @@ class RecordDB:
         """The overlay database that takes this one's writes because its file cannot be written."""
         if not self._mode_checked and not self.readonly:
             self._mode_checked = True
-            file_ok = not self.path.exists() or os.access(self.path, os.W_OK)
-            if not (file_ok and fs.writable_dir(self.path.parent)):  # WAL needs new files beside it
+            if not fs.writable_file(self.path):
                 self._overlay = RecordDB(fs.overlay_dir(self.path.parent) / self.path.name, timeout_s=self.timeout_s)
                 fs.warn_readonly(self.path.parent, self._overlay.path.parent, "not writable")
         return self._overlay
@@ -178,11 +178,16 @@ class RecordDB:
         if self._ignored or ((not create or readonly) and not self.path.exists()):
             return None
         if readonly:
-            conn = self._connect_readonly()
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None,
-                                   check_same_thread=False)
+            self._conn = self._prepared(self._connect_readonly(), readonly=True)
+            return self._conn
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._no_quarantine():  # never open a file (nor its WAL) while another process moves it aside
+            conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
+            self._conn = self._prepared(conn, readonly=False)
+        return self._conn
+
+    def _prepared(self, conn: sqlite3.Connection, readonly: bool) -> sqlite3.Connection | None:
+        """``conn`` set up (WAL mode, schema checked and migrated), or None if it has no schema to read."""
         try:
             with contextlib.suppress(OSError):
                 self._ino = os.stat(self.path).st_ino
@@ -198,8 +203,21 @@ class RecordDB:
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
         return conn
+
+    @contextlib.contextmanager
+    def _no_quarantine(self) -> Iterator[None]:
+        """Hold the side lock under which a damaged file and its WAL are moved aside (see _quarantine)."""
+        lock = self.path.with_name(f"{self.path.name}.quarantine.lock")
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(fs.file_lock(lock, self.timeout_s))
+            except fs.LockTimeout as exc:
+                raise RecordError(f"record database {self.path}: another process has been moving a damaged "
+                                  f"file aside for {self.timeout_s:g}s (it holds {lock})") from exc
+            except OSError as exc:
+                raise RecordError(f"record database {self.path}: cannot create the lock {lock} ({exc})") from exc
+            yield
 
     def _check_schema(self, conn: sqlite3.Connection) -> bool:
         """Refuse a newer schema, migrate an older one; False if a read-only database has no schema yet."""
@@ -262,8 +280,9 @@ class RecordDB:
                     quarantined = True
 
     def _quarantine(self, problem: Exception) -> None:
-        """Move a damaged file aside (with its WAL) so that a fresh database replaces it; a file that
-        cannot be moved (read-only) is ignored from now on."""
+        """Move a damaged file aside (its WAL first) so that a fresh database replaces it; a file that
+        cannot be moved (read-only) is ignored from now on.  Openers take the same side lock, so no
+        process opens the file, or makes a fresh one, halfway through the move."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -274,14 +293,15 @@ class RecordDB:
                         self.path, problem)
             return
         try:  # only the file we found damaged: another process may have put a fresh one there already
-            aside = fs.move_aside(self.path, "corrupt", self._ino, companions=("-wal",), drop=("-shm",))
-        except OSError as exc:
+            with self._no_quarantine():
+                aside = fs.move_aside(self.path, "corrupt", self._ino, companions=("-wal",), drop=("-shm",))
+        except (OSError, RecordError) as exc:
             self._ignored = True
             log.warning("record database %s is damaged (%s) and cannot be moved aside (%s); ignoring it",
                         self.path, problem, exc)
             return
         if aside is not None:
-                log.warning("record database %s is damaged (%s); moved it to %s and started a fresh one",
+            log.warning("record database %s is damaged (%s); moved it to %s and started a fresh one",
                         self.path, problem, aside)
 
     def _decode(self, rows: Iterable[tuple[Any, ...]]) -> list[Record]:

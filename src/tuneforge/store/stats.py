@@ -2,6 +2,8 @@
 
 A damaged file does not zero what can be known: the byte total is recounted from the entries on disk
 (the owner passes the recount), and only the event counters that cannot be recovered start again at 0.
+A file that cannot be rewritten (a read-only store) stays damaged, so its repair is remembered for as
+long as the file is unchanged: the periodic flushes and `cache stats` neither rescan nor warn again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneforge.store._fsutil import READONLY_ERRNOS, LockTimeout, atomic_write, file_lock
+from tuneforge.store.fsutil import LockTimeout, atomic_write, file_lock, is_readonly_error
+from tuneforge.warn_once import warn_once
 
 log = logging.getLogger("tuneforge.store")
 
@@ -69,6 +72,8 @@ class StatsFile:
         self._mutex = threading.Lock()
         self._pid = os.getpid()
         self._last_flush = time.monotonic()
+        # (file identity, counters) of the damaged file last repaired
+        self._repair: tuple[tuple[int, int, int, int], dict[str, int]] | None = None
 
     def _zeros(self) -> dict[str, int]:
         return dict.fromkeys(self.counters, 0)
@@ -89,28 +94,41 @@ class StatsFile:
             return any(self._own_pending().values())
 
     def read(self) -> dict[str, int]:
-        """The merged counters on disk (zeros, with a warning, if the file is corrupt)."""
+        """The merged counters on disk (repaired, with one warning, if the file is corrupt)."""
         try:
-            raw = self.path.read_bytes()
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                identity = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+                if self._repair is not None and self._repair[0] == identity:
+                    return dict(self._repair[1])
+                raw = f.read()
         except FileNotFoundError:
             return self._zeros()
         except OSError as exc:
             log.warning("cannot read store statistics %s (%s); treating them as zero", self.path, exc)
             return self._zeros()
+        problem, values = self._parse(raw)
+        if problem is None:
+            return values
+        repaired = self._repaired(values, problem, identity)
+        self._repair = (identity, repaired)
+        return dict(repaired)
+
+    def _parse(self, raw: bytes) -> tuple[str | None, dict[str, int]]:
+        """(None, the counters) of a good file, else (what is wrong, the counters that are good)."""
         try:
             data = json.loads(raw)
         except ValueError as exc:  # UnicodeDecodeError included
-            return self._repaired({}, f"not JSON: {exc}")
+            return f"not JSON: {exc}", {}
         if not isinstance(data, dict):
-            return self._repaired({}, "not a JSON object")
+            return "not a JSON object", {}
         values = {name: data.get(name, 0) for name in self.counters}
         bad = sorted(name for name, v in values.items() if type(v) is not int or (v < 0 and name != "bytes"))
         if bad or values.get("bytes", 0) < 0:
-            return self._repaired({n: v for n, v in values.items() if n not in bad},
-                                  f"bad value of {', '.join(bad) or 'bytes'}")
-        return values
+            return f"bad value of {', '.join(bad) or 'bytes'}", {n: v for n, v in values.items() if n not in bad}
+        return None, values
 
-    def _repaired(self, good: dict[str, int], problem: str) -> dict[str, int]:
+    def _repaired(self, good: dict[str, int], problem: str, identity: tuple[int, ...]) -> dict[str, int]:
         """The counters of a damaged file: the good ones kept, bytes recounted, the rest zero."""
         values = {**self._zeros(), **good}
         recounted = ""
@@ -123,8 +141,8 @@ class StatsFile:
                 values["bytes"] = max(values["bytes"], 0)
         elif values.get("bytes", 0) < 0:
             values["bytes"] = 0
-        log.warning("store statistics file %s is corrupt (%s); counters that cannot be recovered start "
-                    "again at 0%s", self.path, problem, recounted)
+        warn_once(log, f"corrupt stats {self.path} {identity}", "store statistics file %s is corrupt (%s); counters "
+                  "that cannot be recovered start again at 0%s", self.path, problem, recounted)
         return values
 
     def flush(self, *, set_bytes: int | None = None, reset: bool = False) -> dict[str, int]:
@@ -152,7 +170,7 @@ class StatsFile:
                        "updated": time.time()}
                 atomic_write(self.path, json.dumps(doc, indent=1).encode(), self.tmp_dir, label="stats")
         except (OSError, LockTimeout) as exc:
-            if isinstance(exc, OSError) and exc.errno in READONLY_ERRNOS:
+            if is_readonly_error(exc):
                 log.debug("store statistics %s cannot be written (%s); keeping them in memory", self.path, exc)
                 self.readonly = True
                 return self._unwritten(pending, set_bytes)

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tuneforge.hashing import key_hash, system_fingerprint
 from tuneforge.tune.choices import CallableChoice, Choice, dedupe
+from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.job import TrialJob
 from tuneforge.tune.select import decide
 from tuneforge.tune.verify import is_array
@@ -98,8 +98,7 @@ class Autotuner:
             if runner is not None:
                 return runner
             candidates = self._candidates(args, kwargs)
-            selection_key = "sel" + key_hash({"op": self.name, "autotune_key": repr(key),
-                                              "system": system_fingerprint()["hash"]})
+            selection_key = make_selection_key(self.name, {"autotune_key": repr(key)})
             values = list(args) + list(kwargs.values())
             names = list(kwargs)
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge.errors import TuneforgeError
-from tuneforge.hashing import system_fingerprint
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.specs import TensorSpec, example_input
 
 if TYPE_CHECKING:

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge.errors import ConfigError, NoValidChoicesError
-from tuneforge.hashing import key_hash, system_fingerprint
 from tuneforge.store import tiers
-from tuneforge.store._fsutil import LockTimeout, file_lock
 from tuneforge.store.bundles import Nearest, bundles
 from tuneforge.store.default import default_records
+from tuneforge.store.fsutil import LockTimeout, file_lock
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
+from tuneforge.tune.fingerprint import selection_key as make_selection_key
+from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.specs import TensorSpec, key_of
 
@@ -65,8 +66,7 @@ def _arg_key(value: Any) -> Any:
 
 def selection_key(name: str, args: Sequence[Any]) -> str:
     """Op name + every argument's key_of + this machine's fingerprint."""
-    return "sel" + key_hash({"op": name, "args": [_arg_key(a) for a in args],
-                             "system": system_fingerprint()["hash"]})
+    return make_selection_key(name, {"args": [_arg_key(a) for a in args]})
 
 
 def _spec_or_value(value: Any) -> Any:

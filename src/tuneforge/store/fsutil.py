@@ -1,5 +1,7 @@
-"""File-system helpers for the artifact store: cross-process locks, durable writes, temp names, and the
-private overlay directory that a read-only cache falls back to.
+"""File-system helpers of the store, public because the layers above use them too: cross-process
+locks, durable writes, temp names, the one test of "this place cannot be written" (the store, the
+compiler probe and the CLI must agree on what a read-only cache is), and the private overlay directory
+that a read-only cache falls back to.
 
 Removal never follows a symbolic link: a link planted in the cache must not let a cleanup delete files
 outside it.
@@ -27,6 +29,12 @@ log = logging.getLogger("tuneforge.store")
 
 # errno values that say "this place cannot be written" (as opposed to a transient failure)
 READONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def is_readonly_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a place cannot be written (read-only mount, permissions), as opposed to
+    a failure worth a warning or a retry."""
+    return isinstance(exc, OSError) and exc.errno in READONLY_ERRNOS
 
 
 class LockTimeout(Exception):
@@ -178,22 +186,35 @@ def remove_path(path: Path) -> None:
 def move_aside(path: Path, label: str, expected_ino: int, *, companions: tuple[str, ...] = (),
                drop: tuple[str, ...] = ()) -> Path | None:
     """Rename ``path`` to ``<path>.<label>-<time>-<pid>`` if it is still the file with inode
-    ``expected_ino`` (None if it is gone or was replaced); files named ``<path><suffix>`` for each of
-    ``companions`` go with it, those for ``drop`` are removed.  Raises OSError if it cannot be moved."""
+    ``expected_ino`` (None if it is gone or was replaced).  Files named ``<path><suffix>`` for each of
+    ``companions`` go with it and those for ``drop`` are removed, both BEFORE the file itself: once the
+    name is free, a new file may be made there at once, and it must not find the old one's companions
+    (SQLite would take a stale ``-wal`` beside a fresh database for its own).  The caller keeps other
+    processes from replacing the file meanwhile (a lock); the inode is checked again before the file is
+    renamed all the same.  Raises OSError if it cannot be moved."""
     aside = path.with_name(f"{path.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    if not _same_file(path, expected_ino):
+        return None
+    for suffix in companions:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    for suffix in drop:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{suffix}")
+    if not _same_file(path, expected_ino):
+        return None
     try:
-        if os.stat(path).st_ino != expected_ino:
-            return None
         os.rename(path, aside)
     except FileNotFoundError:
         return None
-    for suffix in companions:
-        with contextlib.suppress(OSError):
-            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
-    for suffix in drop:
-        with contextlib.suppress(OSError):
-            os.unlink(f"{path}{suffix}")
     return aside
+
+
+def _same_file(path: Path, ino: int) -> bool:
+    try:
+        return os.stat(path).st_ino == ino
+    except FileNotFoundError:
+        return False
 
 
 def check_real_dirs(*paths: Path) -> None:
@@ -248,13 +269,22 @@ def tree_size(path: Path) -> int:
     return total
 
 
+def nearest_existing(path: Path) -> Path | None:
+    """``path`` if it exists (as anything, a dangling link too), else its nearest existing parent."""
+    return next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
+
+
 def writable_dir(path: Path) -> bool:
     """Whether new files can be made in ``path`` (or, if it does not exist, in its nearest existing
     parent). ``os.access`` sees a read-only mount even for root, where permission bits do not count."""
-    for candidate in (path, *path.parents):
-        if os.path.lexists(candidate):
-            return os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK)
-    return False
+    existing = nearest_existing(path)
+    return existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
+def writable_file(path: Path) -> bool:
+    """Whether ``path`` can be written (or created) and new files made beside it (as a database's
+    journal is)."""
+    return (not os.path.lexists(path) or os.access(path, os.W_OK)) and writable_dir(path.parent)
 
 
 # Worker processes inherit what was announced, so a pool of them does not repeat the warning.
@@ -319,6 +349,18 @@ def hostname() -> str:
 def temp_name(label: str) -> str:
     """``<label>.<host>.<pid>.<random>`` -- parsed back by :func:`parse_temp_name`."""
     return f"{label}.{hostname()}.{os.getpid()}.{os.urandom(6).hex()}"
+
+
+def make_temp_dir(parent: Path, label: str) -> Path:
+    """A new empty directory in ``parent`` (made if missing) named by :func:`temp_name`."""
+    parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = parent / temp_name(label)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
 
 
 def parse_temp_name(name: str) -> tuple[str, int] | None:

@@ -1,0 +1,63 @@
+"""What names this machine in a tuning record's key, and the selection key built from it.
+
+A record tuned here answers only where the same code would run the same way: the same OS and
+architecture, CPU (model, family/model numbers, vector ISA, core count), compiler (its own content
+hash), Python and tuneforge. These facts sit above the compiler layer (the compiler's identity comes
+from its cached probe), so they live in `tune`, not beside the content hashes of `hashing`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from tuneforge import config, cpuinfo
+from tuneforge._version import __version__
+from tuneforge.hashing import key_hash
+
+
+def system_fingerprint() -> dict[str, Any]:
+    """Facts about this machine that can change a tuning result: computed once per process and
+    compiler setting (a record tuned with one compiler must not answer for another one)."""
+    # The compiler is found from these three strings (toolchain.find_compiler): keying on them costs
+    # a few dict lookups per call (~1.5 us), where resolving the compiler would stat PATH every select().
+    return _fingerprint(config.get("cpp.cxx") or "", os.environ.get("CXX", ""), os.environ.get("PATH", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(cxx_setting: str, cxx_env: str, path: str) -> dict[str, Any]:
+    from tuneforge.compile.toolchain import default_toolchain
+
+    cpu = cpuinfo.cpu_info()
+    try:
+        compiler: dict[str, Any] = default_toolchain().identity()
+    except Exception as exc:  # a machine without a compiler still has a fingerprint
+        compiler = {"error": type(exc).__name__}
+    facts: dict[str, Any] = {
+        "os": platform.system(),
+        "machine": platform.machine(),
+        "cpu_model": cpu.model,
+        "cpu_id": cpu.ident,
+        "isa": list(cpu.isa),
+        "cores": cpu.cores,
+        "compiler": compiler,
+        "python": f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
+        "tuneforge": __version__,
+    }
+    facts["hash"] = key_hash(facts)
+    return facts
+
+
+def clear_fingerprint_cache() -> None:
+    """Forget the fingerprints computed so far (after the facts behind them were re-read)."""
+    _fingerprint.cache_clear()
+
+
+def selection_key(op: str, what: Mapping[str, Any]) -> str:
+    """The key of one selection: the op, what its decision depends on (`what`: the arguments' keys for
+    select(), the launcher's key for @autotune) and this machine's fingerprint."""
+    return "sel" + key_hash({"op": op, **what, "system": system_fingerprint()["hash"]})
