@@ -6,6 +6,9 @@ Fixtures (exposed to every test by one import line in conftest.py):
 - ``redis_clean``: the same URL, after FLUSHALL: each test starts with an empty server;
 - ``redis_private``: a `RedisServer` of the test's own, which the test may kill, restart or pause.
 
+A `RedisServer` can also listen on a unix socket (``unixsocket=True``) and on a TLS port (``tls=`` a
+certificate and key, e.g. from `self_signed_certificate`), beside its plain loopback port.
+
 Tests that use them are skipped, with the reason, when ``redis-server`` is not on PATH.
 """
 
@@ -17,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,20 +60,50 @@ def redis_command(port: int, *args: str, timeout: float = 5.0) -> bytes:
     return reply.rstrip(b"\r\n")
 
 
+def self_signed_certificate(directory: Path) -> tuple[Path, Path] | None:
+    """A throw-away certificate for 127.0.0.1 and localhost (cert.pem, key.pem in ``directory``), made with
+    the ``openssl`` command; None when it is not on PATH (the caller skips, saying so)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
 class RedisServer:
     """One redis-server process: no persistence, loopback only, its files in ``directory``."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(self, directory: Path, port: int | None = None, *, unixsocket: bool = False,
+                 tls: tuple[Path, Path] | None = None) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError(_SKIP_REASON)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port
+        self.tls = tls
+        self.tls_port: int | None = None
+        # A socket path is limited to ~107 bytes, which pytest's tmp_path can exceed: a short dir of its own.
+        self._socket_dir = tempfile.mkdtemp(prefix="tf-redis-") if unixsocket else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def socket_path(self) -> str:
+        assert self._socket_dir is not None, "started without unixsocket=True"
+        return os.path.join(self._socket_dir, "redis.sock")
+
+    @property
+    def tls_url(self) -> str:
+        """``rediss://127.0.0.1:<tls port>`` (no path, no options: the caller adds them)."""
+        assert self.tls_port is not None, "started without tls="
+        return f"rediss://127.0.0.1:{self.tls_port}"
 
     @property
     def log_path(self) -> Path:
@@ -86,6 +120,8 @@ class RedisServer:
         for _ in range(1 if fixed_port else 5):
             if not fixed_port:
                 self.port = free_port()
+            if self.tls is not None and (self.tls_port is None or not fixed_port):
+                self.tls_port = free_port()
             if self._try_start(timeout):
                 return
         raise RuntimeError(f"redis-server did not start on port {self.port}; its log:\n{self._log_tail()}")
@@ -95,6 +131,13 @@ class RedisServer:
         cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", str(self.directory), "--logfile", str(self.log_path),
                "--daemonize", "no"]
+        if self._socket_dir is not None:
+            os.makedirs(self._socket_dir, exist_ok=True)  # again after a stop()
+            cmd += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        if self.tls is not None:
+            cert, key = self.tls
+            cmd += ["--tls-port", str(self.tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                    "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -133,14 +176,15 @@ class RedisServer:
         assert self.command("CLIENT", "PAUSE", str(ms)) == b"+OK"
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self.proc = None
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            self.proc = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[RedisServer]:

@@ -164,7 +164,7 @@ def coerce_optional_str(value: Any) -> str | None:
 
 
 _URL_SCHEMES = ("redis", "rediss", "unix")
-_SECRET_QUERY_KEYS = frozenset({"password", "pass", "secret", "token"})
+_SECRET_QUERY_KEYS = frozenset({"password", "pass", "secret", "token", "ssl_password"})
 
 
 def mask_url_password(url: str) -> str:

@@ -62,7 +62,7 @@ from tuneforge.store.remote_support import (
     _setting_error,
     _warn_once,
 )
-from tuneforge.store.resp import ReplyTooLarge, RespError, RespReader
+from tuneforge.store.resp import ReplyTooLarge, RespError, RespReader, parse_url
 from tuneforge.store.write_queue import WriteQueue
 
 __all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "default_remote", "flush_all"]
@@ -91,6 +91,10 @@ class RemoteCache:
                  retry_s: float = 30.0, queue_size: int = 256) -> None:
         if not isinstance(url, str) or urlsplit(url).scheme not in _SCHEMES:
             raise _setting_error("remote.url", f"expected a redis://, rediss:// or unix:// URL, got {url!r}")
+        try:
+            self._endpoint = parse_url(url)  # lookups' connection settings (store/resp.py)
+        except ValueError as exc:
+            raise _setting_error("remote.url", f"{exc} (in {_display_url(url)!r})") from None
         self.url = url
         self.namespace: str = _checked("remote.namespace", parsing.coerce_namespace, namespace)
         if isinstance(secret, str):
@@ -109,9 +113,9 @@ class RemoteCache:
         self.stats = RemoteStats()
         self._shown_url = _display_url(url)
         self._client: Any = None
-        # Lookups go through a small RESP reader (redis-py's import alone costs ~80 ms); see store/resp.py.
+        # Every lookup goes through a small RESP reader with one deadline per call and a size bound
+        # (redis-py's import alone costs ~80 ms, and its time-outs are per recv); see store/resp.py.
         self._reader: RespReader | None = None
-        self._no_reader = False
         self._closed = False
         self._init_threading()
         track(self)
@@ -145,11 +149,14 @@ class RemoteCache:
         return (isinstance(key, str) and 0 < len(key) <= _MAX_KEY_CHARS and key.isprintable()
                 and not any(c.isspace() for c in key))
 
-    def _mac(self, rkey: bytes, payload: bytes) -> bytes:
+    def _mac(self, rkey: bytes, payload: bytes | memoryview) -> bytes:
         assert self._secret is not None
         # The key's length comes first so that no (key, payload) pair can be re-split into another.
-        message = struct.pack(">I", len(rkey)) + rkey + payload
-        return hmac.new(self._secret, message, hashlib.sha256).digest()
+        # Fed in pieces: joining them would copy the whole payload.
+        mac = hmac.new(self._secret, struct.pack(">I", len(rkey)), hashlib.sha256)
+        mac.update(rkey)
+        mac.update(payload)
+        return mac.digest()
 
     def _seal(self, rkey: bytes, body: bytes) -> bytes:
         payload = compress(body)
@@ -162,9 +169,13 @@ class RemoteCache:
         if isinstance(value, ReplyTooLarge):
             self._reject("too-large", rkey, f"{value.size} bytes, above remote.max_entry_bytes (not read)")
             return None
-        if not isinstance(value, bytes):
+        if not isinstance(value, (bytes, bytearray)):
             self._reject("malformed", rkey, f"Redis returned a {type(value).__name__}")
             return None
+        with memoryview(value) as view:  # slices of a view: the value (up to max_entry_bytes) is not copied
+            return self._unseal(rkey, value, view)
+
+    def _unseal(self, rkey: bytes, value: bytes | bytearray, view: memoryview) -> bytes | None:
         if len(value) > self.max_entry_bytes:
             self._reject("too-large", rkey, f"{len(value)} bytes, above remote.max_entry_bytes")
             return None
@@ -176,7 +187,7 @@ class RemoteCache:
             if magic != SIGNED or len(value) < len(SIGNED) + _MAC_LEN:
                 self._reject("malformed", rkey, "not a tuneforge value")
                 return None
-            mac, payload = value[4:4 + _MAC_LEN], value[4 + _MAC_LEN:]
+            mac, payload = bytes(view[4:4 + _MAC_LEN]), view[4 + _MAC_LEN:]
             if not hmac.compare_digest(mac, self._mac(rkey, payload)):
                 self._reject("bad-signature", rkey, "its signature does not match remote.secret "
                              "(tampered, moved from another key, or written with another secret)")
@@ -186,11 +197,12 @@ class RemoteCache:
                          "be checked (set remote.secret to read this namespace)")
             return None
         elif magic == UNSIGNED:
-            payload = value[4:]
+            payload = view[4:]
         else:
             self._reject("malformed", rkey, "not a tuneforge value")
             return None
         try:
+            # zstandard reads any buffer; remote_format.decompress is annotated for bytes only.
             return decompress(payload, self.max_entry_bytes * _MAX_EXPANSION)
         except Exception as exc:
             self._reject("malformed", rkey, f"it does not decompress ({exc})")
@@ -281,33 +293,19 @@ class RemoteCache:
             log.info("remote cache %s is back after %.1fs", self._shown_url, time.monotonic() - since)
 
     def _get_value(self, rkey: bytes) -> Any:
-        reader = self._fast_reader()
-        if reader is not None:
-            import zstandard  # noqa: F401  (fail here, as an outage with a hint, if it is missing)
-
-            try:
-                with self._read_lock:
-                    return reader.get(rkey)
-            except ReplyTooLarge as exc:  # a value too large to accept: rejected, not an outage
-                return exc
-            except RespError as exc:
-                if str(exc).startswith("WRONGTYPE"):  # a value of another type: rejected, not an outage
-                    return exc
-                raise
-        import redis
+        import zstandard  # noqa: F401  (fail here, as an outage with a hint, if it is missing)
 
         try:
-            return self._redis().get(rkey)
-        except redis.ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
+            with self._read_lock:
+                if self._reader is None:
+                    self._reader = RespReader(self._endpoint, self.timeout_s, self.max_entry_bytes)
+                return self._reader.get(rkey)
+        except ReplyTooLarge as exc:  # a value too large to accept: rejected, not an outage
+            return exc
+        except RespError as exc:
+            if str(exc).startswith("WRONGTYPE"):  # a value of another type: rejected, not an outage
                 return exc
             raise
-
-    def _fast_reader(self) -> RespReader | None:
-        if self._reader is None and not self._no_reader:
-            self._reader = RespReader.for_url(self.url, self.timeout_s, self.max_entry_bytes)
-            self._no_reader = self._reader is None
-        return self._reader
 
     def _fetch(self, kind: str, key: str) -> bytes | None:
         """The verified body stored for ``key``, or None (a miss, error, skip or rejection: counted)."""
@@ -495,5 +493,5 @@ class RemoteCache:
         if self._client is not None:
             abandon(self._client)
             self._client = None
-        self._reader, self._no_reader = None, False  # the parent's socket is not ours to use
+        self._reader = None  # the parent's socket is not ours to use
         self._init_threading()

@@ -40,7 +40,7 @@ def compress(body: bytes) -> bytes:
                                     write_content_size=True).compress(body)
 
 
-def decompress(payload: bytes, limit: int) -> bytes:
+def decompress(payload: bytes | memoryview, limit: int) -> bytes:
     """Decompress one zstd frame whose declared size is at most ``limit``; raises on anything else."""
     import zstandard
 
