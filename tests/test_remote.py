@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tuneforge import config
+from tuneforge import config, warn_once
 from tuneforge.errors import ConfigError
-from tuneforge.store import remote, remote_format, remote_support
+from tuneforge.store import remote, remote_format, remote_settings
 from tuneforge.store.entry import make_manifest
 from tuneforge.store.records import Record
 from tuneforge.store.remote import RemoteCache
@@ -72,7 +72,7 @@ def zd(payload: bytes) -> bytes:
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings() -> None:
-    remote_support._warned.clear()  # one warning per process per kind: each test starts with none given
+    warn_once.forget()  # one warning per process per kind: each test starts with none given
 
 
 @pytest.fixture
@@ -565,28 +565,28 @@ def test_constructor_rejects_bad_arguments() -> None:
 def test_default_remote_follows_the_settings(redis_clean: str, monkeypatch: pytest.MonkeyPatch,
                                              caplog: pytest.LogCaptureFixture) -> None:
     with config.patch({"remote.url": None}):
-        assert remote.default_remote() is None
+        assert remote_settings.default_remote() is None
     with config.patch({"remote.url": redis_clean, "remote.timeout_s": 0.25, "remote.ttl_s": 60,
                        "remote.allow_unsigned": True}):
-        cache = remote.default_remote()
-        assert cache is not None and remote.default_remote() is cache
+        cache = remote_settings.default_remote()
+        assert cache is not None and remote_settings.default_remote() is cache
         assert (cache.timeout_s, cache.ttl_s) == (0.25, 60.0)
         with config.patch({"remote.namespace": "team-b"}):
-            other = remote.default_remote()
+            other = remote_settings.default_remote()
             assert other is not None and other is not cache and other.namespace == "team-b"
         cache.put_records(KEY, [record()])
         remote.flush_all()
         assert cache.stats.puts == 1
         cache.close()
         other.close()
-        assert remote.default_remote() is not cache  # a closed cache is replaced
+        assert remote_settings.default_remote() is not cache  # a closed cache is replaced
 
         caplog.set_level(logging.WARNING, logger=LOGGER)
         real_find_spec = importlib.util.find_spec
         monkeypatch.setattr(importlib.util, "find_spec",
                             lambda name, *a: None if name == "redis" else real_find_spec(name, *a))
-        assert remote.default_remote() is None
-        assert remote.default_remote() is None
+        assert remote_settings.default_remote() is None
+        assert remote_settings.default_remote() is None
         assert [m for m in warnings_of(caplog) if "pip install 'tuneforge[redis]'" in m] != []
         assert len(warnings_of(caplog)) == 1
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tuneforge import config
-from tuneforge.store import remote_format, remote_registry, remote_support, tiers
+from tuneforge import config, warn_once
+from tuneforge.store import remote_format, remote_settings, tiers
 from tuneforge.store.entry import MANIFEST, make_manifest
 from tuneforge.store.remote import RemoteCache
 
@@ -51,11 +51,11 @@ def cache_stats(cache_dir: Path, *, as_json: bool) -> Any:
 @pytest.fixture(autouse=True)
 def _fresh_remotes() -> Iterator[None]:
     """Each test starts with no warning given and with new remote caches (their counters at zero)."""
-    remote_support._warned.clear()
+    warn_once.forget()
     yield
-    for cache in list(remote_registry._defaults.values()):
+    for cache in list(remote_settings._defaults.values()):
         cache.close()
-    remote_registry._defaults.clear()
+    remote_settings._defaults.clear()
 
 
 # ------------------------------------------------------------------------------ unsigned, empty secret
@@ -214,7 +214,7 @@ def put_raw(redis_url: str, key: str, meta: Any, files: dict[str, bytes], secret
     cache = RemoteCache(redis_url, secret=secret)
     try:
         rkey = cache._redis_key("art", key)
-        value = cache._seal(rkey, body)
+        value = remote_format.seal(cache._secret, rkey, body)
     finally:
         cache.close()
     client = redis.Redis.from_url(redis_url)

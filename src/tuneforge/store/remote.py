@@ -22,17 +22,15 @@ write accepted values, and the Redis key is inside the MAC, so a value cannot be
 or namespace.  The MAC is checked before anything is decompressed or parsed.  A reader with a secret
 rejects unsigned values; a reader without one accepts only unsigned values, because it cannot check a
 signature and a signed value means its writers wanted them checked.  No secret in the settings logs
-one warning per process unless remote.allow_unsigned is set; an empty one is an error (remote_registry).
+one warning per process unless remote.allow_unsigned is set (remote_settings); an empty one is an error.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,18 +40,19 @@ from urllib.parse import urlsplit
 from tuneforge import parsing
 from tuneforge.store.bundle import Record
 from tuneforge.store.remote_format import (
-    _MAC_LEN,
     FORMAT_VERSION,
+    MAC_LEN,
     SIGNED,
     UNSIGNED,
     check_artifact,
     check_usable,
-    compress,
     decompress,
     join_artifact,
+    mac,
+    seal,
     split_artifact,
 )
-from tuneforge.store.remote_registry import abandon, default_remote, flush_all, track
+from tuneforge.store.remote_registry import abandon, flush_all, track
 from tuneforge.store.remote_support import (
     RemoteStats,
     _checked,
@@ -65,7 +64,7 @@ from tuneforge.store.remote_support import (
 from tuneforge.store.resp import ReplyTooLarge, RespError, RespReader, parse_url
 from tuneforge.store.write_queue import WriteQueue
 
-__all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "default_remote", "flush_all"]
+__all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "flush_all"]
 
 log = logging.getLogger("tuneforge.store.remote")
 
@@ -111,12 +110,12 @@ class RemoteCache:
                                                    name="tuneforge-remote-writer")
         self.queue_size = queue_size
         self.stats = RemoteStats()
-        self._shown_url = _display_url(url)
+        self.shown_url = _display_url(url)
         self._client: Any = None
         # Every lookup goes through a small RESP reader with one deadline per call and a size bound
         # (redis-py's import alone costs ~80 ms, and its time-outs are per recv); see store/resp.py.
         self._reader: RespReader | None = None
-        self._closed = False
+        self.closed = False
         self._init_threading()
         track(self)
 
@@ -137,7 +136,7 @@ class RemoteCache:
 
     def __repr__(self) -> str:
         signed = "signed" if self._secret is not None else "unsigned"
-        return f"RemoteCache({self._shown_url!r}, namespace={self.namespace!r}, {signed})"
+        return f"RemoteCache({self.shown_url!r}, namespace={self.namespace!r}, {signed})"
 
     # ------------------------------------------------------------------------------------- keys, values
 
@@ -148,21 +147,6 @@ class RemoteCache:
     def _valid_key(key: Any) -> bool:
         return (isinstance(key, str) and 0 < len(key) <= _MAX_KEY_CHARS and key.isprintable()
                 and not any(c.isspace() for c in key))
-
-    def _mac(self, rkey: bytes, payload: bytes | memoryview) -> bytes:
-        assert self._secret is not None
-        # The key's length comes first so that no (key, payload) pair can be re-split into another.
-        # Fed in pieces: joining them would copy the whole payload.
-        mac = hmac.new(self._secret, struct.pack(">I", len(rkey)), hashlib.sha256)
-        mac.update(rkey)
-        mac.update(payload)
-        return mac.digest()
-
-    def _seal(self, rkey: bytes, body: bytes) -> bytes:
-        payload = compress(body)
-        if self._secret is None:
-            return UNSIGNED + payload
-        return SIGNED + self._mac(rkey, payload) + payload
 
     def _open(self, rkey: bytes, value: Any) -> bytes | None:
         """The body of a value read from ``rkey``, or None (counted and logged) if it is not acceptable."""
@@ -184,11 +168,11 @@ class RemoteCache:
             if magic == UNSIGNED:
                 self._reject("unsigned", rkey, "an unsigned value, but remote.secret is set")
                 return None
-            if magic != SIGNED or len(value) < len(SIGNED) + _MAC_LEN:
+            if magic != SIGNED or len(value) < len(SIGNED) + MAC_LEN:
                 self._reject("malformed", rkey, "not a tuneforge value")
                 return None
-            mac, payload = bytes(view[4:4 + _MAC_LEN]), view[4 + _MAC_LEN:]
-            if not hmac.compare_digest(mac, self._mac(rkey, payload)):
+            signature, payload = bytes(view[4:4 + MAC_LEN]), view[4 + MAC_LEN:]
+            if not hmac.compare_digest(signature, mac(self._secret, rkey, payload)):
                 self._reject("bad-signature", rkey, "its signature does not match remote.secret "
                              "(tampered, moved from another key, or written with another secret)")
                 return None
@@ -202,7 +186,6 @@ class RemoteCache:
             self._reject("malformed", rkey, "not a tuneforge value")
             return None
         try:
-            # zstandard reads any buffer; remote_format.decompress is annotated for bytes only.
             return decompress(payload, self.max_entry_bytes * _MAX_EXPANSION)
         except Exception as exc:
             self._reject("malformed", rkey, f"it does not decompress ({exc})")
@@ -211,7 +194,7 @@ class RemoteCache:
     def _reject(self, kind: str, rkey: bytes, why: str) -> None:
         self._count("rejected")
         _warn_once(kind, "remote cache %s: rejected the value of %s: %s (treated as a miss)",
-                   self._shown_url, rkey.decode("utf-8", "replace"), why)
+                   self.shown_url, rkey.decode("utf-8", "replace"), why)
         return None
 
     def _count(self, name: str) -> None:
@@ -227,13 +210,13 @@ class RemoteCache:
     def available(self) -> bool:
         """False while the circuit breaker is open (after an error, for retry_s) or after close()."""
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return False
             return self._down_since is None or (not self._trial and time.monotonic() >= self._retry_at)
 
     def _admit(self) -> bool:
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return False
             if self._down_since is None:
                 return True
@@ -279,9 +262,9 @@ class RemoteCache:
         hint = " (pip install 'tuneforge[redis]')" if isinstance(exc, ImportError) else ""
         if first:
             log.warning("remote cache %s failed during %s (%s: %s)%s; using local caches only, next try in "
-                        "%gs", self._shown_url, what, type(exc).__name__, exc, hint, self.retry_s)
+                        "%gs", self.shown_url, what, type(exc).__name__, exc, hint, self.retry_s)
         else:
-            log.debug("remote cache %s still failing during %s (%s: %s)", self._shown_url, what,
+            log.debug("remote cache %s still failing during %s (%s: %s)", self.shown_url, what,
                       type(exc).__name__, exc)
 
     def _succeeded(self) -> None:
@@ -290,7 +273,7 @@ class RemoteCache:
             self._down_since = None
             self._trial = False
         if since is not None:
-            log.info("remote cache %s is back after %.1fs", self._shown_url, time.monotonic() - since)
+            log.info("remote cache %s is back after %.1fs", self.shown_url, time.monotonic() - since)
 
     def _get_value(self, rkey: bytes) -> Any:
         import zstandard  # noqa: F401  (fail here, as an outage with a hint, if it is missing)
@@ -348,7 +331,7 @@ class RemoteCache:
             self._count("hits")
             return records
         except Exception:  # pragma: no cover - a bug here must still not break a selection
-            log.exception("remote cache %s: unexpected error in get_records", self._shown_url)
+            log.exception("remote cache %s: unexpected error in get_records", self.shown_url)
             return None
 
     def put_records(self, key: str, records: Sequence[Record]) -> None:
@@ -388,12 +371,12 @@ class RemoteCache:
             if problem is not None:  # intact, but e.g. not a shared library of this machine: a miss
                 self._count("unusable")
                 _warn_once("unusable", "remote cache %s: cannot use the artifact %s: %s (treated as a miss)",
-                           self._shown_url, rkey.decode("utf-8", "replace"), problem)
+                           self.shown_url, rkey.decode("utf-8", "replace"), problem)
                 return None
             self._count("hits")
             return manifest, files
         except Exception:  # pragma: no cover
-            log.exception("remote cache %s: unexpected error in get_artifact", self._shown_url)
+            log.exception("remote cache %s: unexpected error in get_artifact", self.shown_url)
             return None
 
     def put_artifact(self, key: str, manifest: Mapping[str, Any], files: Mapping[str, bytes]) -> None:
@@ -423,7 +406,7 @@ class RemoteCache:
     def _enqueue(self, item: _Put) -> None:
         if not self.available:
             self._count("dropped")
-            log.debug("remote cache %s unavailable: dropped the put of %s", self._shown_url, item.key)
+            log.debug("remote cache %s unavailable: dropped the put of %s", self.shown_url, item.key)
             return
         try:
             # Import redis and zstandard here, in the caller's thread, never first in the writer: a fork
@@ -434,7 +417,7 @@ class RemoteCache:
             return
         if not self._queue.offer(item):
             self._count("dropped")
-            log.debug("remote cache %s: write queue full, dropped the put of %s", self._shown_url, item.key)
+            log.debug("remote cache %s: write queue full, dropped the put of %s", self.shown_url, item.key)
 
     def _lost(self, item: _Put) -> None:
         self._count("dropped")
@@ -452,7 +435,7 @@ class RemoteCache:
             self._count("dropped")
             log.debug("remote cache: %s not stored: %d bytes uncompressed", item.key, len(body))
             return
-        value = self._seal(rkey, body)
+        value = seal(self._secret, rkey, body)
         if len(value) > self.max_entry_bytes:
             self._count("dropped")
             log.debug("remote cache: %s not stored: %d bytes compressed, above remote.max_entry_bytes=%d",
@@ -472,7 +455,7 @@ class RemoteCache:
     def close(self) -> None:
         """Flush (for a few seconds at most), stop the writer and disconnect; later calls do nothing."""
         self.flush(_CLOSE_FLUSH_S)
-        self._closed = True
+        self.closed = True
         for _ in self._queue.close(self.timeout_s + 1.0):
             self._count("dropped")
         with self._lock:
@@ -485,7 +468,12 @@ class RemoteCache:
             with contextlib.suppress(Exception):
                 reader.close()
 
-    def _after_fork(self) -> None:
+    @property
+    def write_gate(self) -> threading.Lock:
+        """Held around each write: a fork waits for it (see remote_registry)."""
+        return self._queue.gate
+
+    def after_fork(self) -> None:
         # The parent's writer thread does not exist here, and its locks may have been held at the fork;
         # the parent writes its own queued puts.  The Redis client is the parent's too: its pool's lock
         # may be held by the parent's writer, so the child neither uses it nor closes it (closing takes

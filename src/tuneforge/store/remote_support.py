@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tuneforge.errors import ConfigError
 from tuneforge.parsing import mask_url_password
+from tuneforge.warn_once import warn_once
 
 log = logging.getLogger("tuneforge.store.remote")
 
@@ -47,15 +47,10 @@ class _Put:
 
 
 # One warning per process for each kind of rejected value; later ones go to the debug log.
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
 
 
 def _warn_once(kind: str, message: str, *args: Any) -> None:
-    with _warned_lock:
-        first = kind not in _warned
-        _warned.add(kind)
-    log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+    warn_once(log, f"remote.{kind}", message, *args)
 
 
 def _setting_error(name: str, exc: Exception | str) -> ConfigError:
@@ -73,9 +68,3 @@ def _checked(name: str, coerce: Callable[[Any], Any], value: Any) -> Any:
 def _display_url(url: str) -> str:
     """The URL with its password masked, for logs (the same masking as `config show`)."""
     return mask_url_password(url)
-
-
-def reset_after_fork() -> None:
-    """In a forked child: the parent's lock may have been held at the fork."""
-    global _warned_lock
-    _warned_lock = threading.Lock()

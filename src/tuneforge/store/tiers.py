@@ -43,7 +43,7 @@ def remote() -> RemoteCache | None:
     """The configured remote cache, its events counted into the persistent remote statistics."""
     if not config.get("remote.url"):
         return None  # without a remote, its module (and redis) never load
-    from tuneforge.store.remote import default_remote
+    from tuneforge.store.remote_settings import default_remote
 
     cache = default_remote()
     if cache is not None:

@@ -1,0 +1,66 @@
+"""The remote cache that the settings name (``remote.url``, ``remote.namespace``, ``remote.secret``):
+one per url, namespace and secret in a process, created on first use with the trust warning."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from tuneforge import config
+from tuneforge.parsing import mask_url_password
+from tuneforge.warn_once import warn_once
+
+if TYPE_CHECKING:
+    from tuneforge.store.remote import RemoteCache
+
+log = logging.getLogger("tuneforge.store.remote")
+
+_defaults: dict[tuple[str, str, str | None], RemoteCache] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_remote() -> RemoteCache | None:
+    """The RemoteCache named by the settings (one per url, namespace and secret); None without remote.url.
+
+    None too, with one warning, when the ``redis`` or ``zstandard`` package is missing.  A malformed
+    setting raises ConfigError (an empty secret is refused by the settings themselves: it would
+    otherwise read as "no secret" and silently turn signing off).  Without a secret, one warning per
+    process says that the remote's artifacts are unsigned, unless remote.allow_unsigned is set.
+    """
+    url = config.get("remote.url")
+    if not url:
+        return None
+    secret = config.get("remote.secret")  # never "": the settings refuse an empty secret (it is not "off")
+    missing = [name for name in ("redis", "zstandard") if importlib.util.find_spec(name) is None]
+    if missing:
+        warn_once(log, "remote.no-package", "remote.url is set but the Python package(s) %s are not installed: "
+                   "pip install 'tuneforge[redis]'; continuing without the remote cache", ", ".join(missing))
+        return None
+    from tuneforge.store.remote import RemoteCache
+
+    spec = (url, config.get("remote.namespace"), secret)
+    with _defaults_lock:
+        cache = _defaults.get(spec)
+        if cache is None or cache.closed:
+            cache = _defaults[spec] = RemoteCache(
+                url, namespace=spec[1], secret=spec[2], ttl_s=config.get("remote.ttl_s"),
+                max_entry_bytes=config.get("remote.max_entry_bytes"), timeout_s=config.get("remote.timeout_s"),
+                retry_s=config.get("remote.retry_s"))
+            if secret is None and not config.get("remote.allow_unsigned"):
+                warn_once(log, "remote.unsigned", "remote artifacts are unsigned: anyone who can write to this "
+                           "server can run code here (remote cache %s). Set TUNEFORGE_REMOTE_SECRET (setting "
+                           "remote.secret) to one shared secret on every machine to sign them, or set "
+                           "remote.allow_unsigned=true (TUNEFORGE_REMOTE_ALLOW_UNSIGNED=1) if every writer "
+                           "of this server is trusted", mask_url_password(url))
+        return cache
+
+
+def _after_fork_in_child() -> None:
+    global _defaults_lock
+    _defaults_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
