@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from tuneforge import config
-from tuneforge.store.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, Record, RecordError, args_problem, check_bundle
-from tuneforge.store.bundles import BundleSet
 from tuneforge.store.default import default_records
+from tuneforge.store.record import BUNDLE_FORMAT, BUNDLE_VERSION, Record, RecordError, args_problem, check_bundle
+from tuneforge.store.shipped import BundleSet
 from tuneforge.tune.choices import ExternChoice
 from tuneforge.tune.select import clear_memo, select_detailed
 

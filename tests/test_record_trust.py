@@ -19,7 +19,7 @@ import pytest
 
 from tuneforge import config, warn_once
 from tuneforge.compile import cpp, python
-from tuneforge.store.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, Record, write_bundle
+from tuneforge.store.record import BUNDLE_FORMAT, BUNDLE_VERSION, Record, write_bundle
 from tuneforge.tune.template import KernelTemplate, TemplateChoice, rejected_hints
 
 from .conftest import run_python

@@ -15,7 +15,7 @@ from tuneforge.errors import CompileError, ConfigError, NoValidChoicesError, Tem
 if TYPE_CHECKING:
     from tuneforge import cpp, python
     from tuneforge.kernels.gemm import gemm
-    from tuneforge.store.bundles import load_bundle
+    from tuneforge.store.shipped import load_bundle
     from tuneforge.tune.autotune import autotune
     from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
     from tuneforge.tune.select import Selection, select, select_detailed
@@ -53,7 +53,7 @@ _LAZY_NAMES = {
     "Selection": "tuneforge.tune.select", "select": "tuneforge.tune.select",
     "select_detailed": "tuneforge.tune.select", "TensorSpec": "tuneforge.tune.specs",
     "KernelTemplate": "tuneforge.tune.template", "gemm": "tuneforge.kernels.gemm",
-    "load_bundle": "tuneforge.store.bundles",
+    "load_bundle": "tuneforge.store.shipped",
 }
 
 

@@ -71,6 +71,18 @@ def _validated(setting: Setting, value: Any, origin: str) -> Any:
                           f"{setting.env_var}) from {origin}: {exc}") from None
 
 
+def validate(name: str, value: Any, origin: str = "an argument") -> Any:
+    """`value` as setting `name` would take it, without setting it; a ConfigError names the setting and its
+    environment variable (for arguments that stand for a setting, e.g. RemoteCache's)."""
+    return _validated(_lookup(name), value, origin)
+
+
+def setting_error(name: str, problem: str) -> ConfigError:
+    """An error about a value for setting `name` found wrong beyond its own checks, naming its variable."""
+    return ConfigError(f"invalid value for setting {name!r} (environment variable {_lookup(name).env_var}): "
+                       f"{problem}")
+
+
 def get(name: str) -> Any:
     setting = _lookup(name)
     if name not in _values:

@@ -12,7 +12,7 @@ A row that no longer decodes is skipped with one warning.  A database that canno
 cache mounted read-only) is opened read-only, with no journal-mode switch, and what this process
 measures goes to an overlay database in a private temp directory, whose rows are merged into every read.
 
-The `Record` type and bundle files (export/import as versioned JSON) live in `bundle.py`; they are
+The `Record` type and bundle files (export/import as versioned JSON) live in `record.py`; they are
 re-exported here, so ``tuneforge.store.records`` is the one module to import.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneforge.store import fsutil as fs
-from tuneforge.store.bundle import (
+from tuneforge.store.record import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     STATUSES,

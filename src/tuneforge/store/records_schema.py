@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tuneforge.store.bundle import Record, RecordError, json_text
+from tuneforge.store.record import Record, RecordError, json_text
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Record))
 COLUMN_SQL = ", ".join(f'"{c}"' for c in COLUMNS)

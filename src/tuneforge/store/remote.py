@@ -28,17 +28,19 @@ one warning per process unless remote.allow_unsigned is set (remote_settings); a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from tuneforge import parsing
-from tuneforge.store.bundle import Record
+from tuneforge import config
+from tuneforge.parsing import mask_url_password
+from tuneforge.store.breaker import CircuitBreaker
+from tuneforge.store.record import Record
 from tuneforge.store.remote_format import (
     FORMAT_VERSION,
     MAC_LEN,
@@ -53,16 +55,9 @@ from tuneforge.store.remote_format import (
     split_artifact,
 )
 from tuneforge.store.remote_registry import abandon, flush_all, track
-from tuneforge.store.remote_support import (
-    RemoteStats,
-    _checked,
-    _display_url,
-    _Put,
-    _setting_error,
-    _warn_once,
-)
 from tuneforge.store.resp import ReplyTooLarge, RespError, RespReader, parse_url
 from tuneforge.store.write_queue import WriteQueue
+from tuneforge.warn_once import warn_once
 
 __all__ = ["FORMAT_VERSION", "RemoteCache", "RemoteStats", "flush_all"]
 
@@ -73,9 +68,43 @@ log = logging.getLogger("tuneforge.store.remote")
 _MAX_EXPANSION = 16
 _CLOSE_FLUSH_S = 5.0
 _MAX_KEY_CHARS = 1024
-_SCHEMES = ("redis", "rediss", "unix")
 
 _Status = str  # "ok", "skipped" (breaker open, or closed) or "error"
+
+
+@dataclass
+class RemoteStats:
+    """Counters of one RemoteCache in this process.
+
+    Every get ends in exactly one of hits, misses (not in Redis), rejected (a value that failed its
+    signature, format, size or checksum), unusable (an intact artifact that cannot be used here: its
+    meta is malformed, it names a file it lacks, or a library is not one this machine can load),
+    errors (Redis failed or timed out) or skipped (the circuit breaker was open).  Every put ends in
+    exactly one of puts, dropped (queue full, breaker open, too large, inconsistent) or errors.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    rejected: int = 0
+    puts: int = 0
+    dropped: int = 0
+    skipped: int = 0
+    unusable: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class QueuedPut:
+    kind: str  # "rec" or "art"
+    key: str
+    encode: Callable[[], bytes | None]  # the body to store, or None (already counted as dropped)
+
+
+def _warn_once(kind: str, message: str, *args: Any) -> None:
+    warn_once(log, f"remote.{kind}", message, *args)  # one per process and kind of trouble
 
 
 class RemoteCache:
@@ -88,29 +117,27 @@ class RemoteCache:
     def __init__(self, url: str, *, namespace: str = "tuneforge", secret: str | bytes | None = None,
                  ttl_s: float = 2592000.0, max_entry_bytes: int = 64 * 2**20, timeout_s: float = 0.5,
                  retry_s: float = 30.0, queue_size: int = 256) -> None:
-        if not isinstance(url, str) or urlsplit(url).scheme not in _SCHEMES:
-            raise _setting_error("remote.url", f"expected a redis://, rediss:// or unix:// URL, got {url!r}")
+        config.validate("remote.url", url)
         try:
             self._endpoint = parse_url(url)  # lookups' connection settings (store/resp.py)
         except ValueError as exc:
-            raise _setting_error("remote.url", f"{exc} (in {_display_url(url)!r})") from None
+            raise config.setting_error("remote.url", f"{exc} (in {mask_url_password(url)!r})") from None
         self.url = url
-        self.namespace: str = _checked("remote.namespace", parsing.coerce_namespace, namespace)
-        if isinstance(secret, str):
-            secret = secret.encode("utf-8")
-        if secret is not None and (not isinstance(secret, bytes) or not secret):
-            raise _setting_error("remote.secret", "expected a non-empty string or None")
-        self._secret: bytes | None = secret
-        self.ttl_s: float = _checked("remote.ttl_s", parsing.coerce_non_negative_float, ttl_s)
-        self.max_entry_bytes: int = _checked("remote.max_entry_bytes", parsing.coerce_positive_int,
-                                             max_entry_bytes)
-        self.timeout_s: float = _checked("remote.timeout_s", parsing.coerce_positive_float, timeout_s)
-        self.retry_s: float = _checked("remote.retry_s", parsing.coerce_positive_float, retry_s)
-        self._queue: WriteQueue[_Put] = WriteQueue(self._write, self._lost, size=queue_size,
+        self.namespace: str = config.validate("remote.namespace", namespace)
+        if isinstance(secret, bytes) and secret:
+            self._secret: bytes | None = secret
+        else:
+            checked = config.validate("remote.secret", secret)
+            self._secret = None if checked is None else str(checked).encode("utf-8")
+        self.ttl_s: float = config.validate("remote.ttl_s", ttl_s)
+        self.max_entry_bytes: int = config.validate("remote.max_entry_bytes", max_entry_bytes)
+        self.timeout_s: float = config.validate("remote.timeout_s", timeout_s)
+        self.retry_s: float = config.validate("remote.retry_s", retry_s)
+        self._queue: WriteQueue[QueuedPut] = WriteQueue(self._write, self._lost, size=queue_size,
                                                    name="tuneforge-remote-writer")
         self.queue_size = queue_size
         self.stats = RemoteStats()
-        self.shown_url = _display_url(url)
+        self.shown_url = mask_url_password(url)
         self._client: Any = None
         # Every lookup goes through a small RESP reader with one deadline per call and a size bound
         # (redis-py's import alone costs ~80 ms, and its time-outs are per recv); see store/resp.py.
@@ -124,11 +151,10 @@ class RemoteCache:
 
     def _init_threading(self) -> None:
         """Locks, breaker and queue state (again in a forked child, where the parent's may be held)."""
-        self._lock = threading.Lock()  # breaker, client creation and counters
+        self._lock = threading.Lock()  # client creation and counters
         self._read_lock = threading.Lock()  # the RESP reader's one connection
-        self._down_since: float | None = None  # monotonic time of the first error of this outage
-        self._retry_at = 0.0
-        self._trial = False  # a trial call is in flight while the breaker is half-open
+        self._breaker = CircuitBreaker(self.retry_s)
+        self._breaker.closed_for_good = self.closed
         # The queue's gate is held around each write; os.fork() waits for it (see _before_fork), so a
         # child is never forked while the writer is inside redis-py, holding its pool lock or half-way
         # through one of its lazy imports (both would be frozen in that state in the child).
@@ -209,21 +235,7 @@ class RemoteCache:
     @property
     def available(self) -> bool:
         """False while the circuit breaker is open (after an error, for retry_s) or after close()."""
-        with self._lock:
-            if self.closed:
-                return False
-            return self._down_since is None or (not self._trial and time.monotonic() >= self._retry_at)
-
-    def _admit(self) -> bool:
-        with self._lock:
-            if self.closed:
-                return False
-            if self._down_since is None:
-                return True
-            if self._trial or time.monotonic() < self._retry_at:
-                return False
-            self._trial = True  # half-open: this call is the one trial
-            return True
+        return self._breaker.available
 
     def _redis(self) -> Any:
         with self._lock:
@@ -240,7 +252,7 @@ class RemoteCache:
             return self._client
 
     def _call(self, what: str, fn: Callable[[], Any]) -> tuple[_Status, Any]:
-        if not self._admit():
+        if not self._breaker.admit():
             return "skipped", None
         try:
             result = fn()
@@ -251,13 +263,7 @@ class RemoteCache:
         return "ok", result
 
     def _failed(self, what: str, exc: Exception) -> None:
-        with self._lock:
-            first = self._down_since is None
-            now = time.monotonic()
-            if first:
-                self._down_since = now
-            self._retry_at = now + self.retry_s
-            self._trial = False
+        first = self._breaker.failed()
         self._count("errors")  # told to the listener too: `cache stats` shows outages and time-outs
         hint = " (pip install 'tuneforge[redis]')" if isinstance(exc, ImportError) else ""
         if first:
@@ -268,12 +274,9 @@ class RemoteCache:
                       type(exc).__name__, exc)
 
     def _succeeded(self) -> None:
-        with self._lock:
-            since = self._down_since
-            self._down_since = None
-            self._trial = False
-        if since is not None:
-            log.info("remote cache %s is back after %.1fs", self.shown_url, time.monotonic() - since)
+        outage_s = self._breaker.succeeded()
+        if outage_s is not None:
+            log.info("remote cache %s is back after %.1fs", self.shown_url, outage_s)
 
     def _get_value(self, rkey: bytes) -> Any:
         import zstandard  # noqa: F401  (fail here, as an outage with a hint, if it is missing)
@@ -344,7 +347,7 @@ class RemoteCache:
                 self._count("dropped")
                 return
             body = json.dumps(rows, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-            self._enqueue(_Put("rec", key, lambda: body))
+            self._enqueue(QueuedPut("rec", key, lambda: body))
         except Exception as exc:
             _warn_once("bad-put", "remote cache: cannot store records of %r: %s", key, exc)
             self._count("dropped")
@@ -399,11 +402,11 @@ class RemoteCache:
                 return None
             return join_artifact(manifest_json, contents)
 
-        self._enqueue(_Put("art", key, encode))
+        self._enqueue(QueuedPut("art", key, encode))
 
     # ------------------------------------------------------------------------------------- write-behind
 
-    def _enqueue(self, item: _Put) -> None:
+    def _enqueue(self, item: QueuedPut) -> None:
         if not self.available:
             self._count("dropped")
             log.debug("remote cache %s unavailable: dropped the put of %s", self.shown_url, item.key)
@@ -419,10 +422,10 @@ class RemoteCache:
             self._count("dropped")
             log.debug("remote cache %s: write queue full, dropped the put of %s", self.shown_url, item.key)
 
-    def _lost(self, item: _Put) -> None:
+    def _lost(self, item: QueuedPut) -> None:
         self._count("dropped")
 
-    def _write(self, item: _Put) -> None:
+    def _write(self, item: QueuedPut) -> None:
         rkey = self._redis_key(item.kind, item.key)
         if not self.available:
             self._count("dropped")
@@ -455,7 +458,7 @@ class RemoteCache:
     def close(self) -> None:
         """Flush (for a few seconds at most), stop the writer and disconnect; later calls do nothing."""
         self.flush(_CLOSE_FLUSH_S)
-        self.closed = True
+        self.closed = self._breaker.closed_for_good = True
         for _ in self._queue.close(self.timeout_s + 1.0):
             self._count("dropped")
         with self._lock:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge.store.artifacts import Entry
-from tuneforge.store.bundle import Record
 from tuneforge.store.default import artifacts_dir, default_records
+from tuneforge.store.record import Record
 from tuneforge.store.stats import StatsFile
 
 if TYPE_CHECKING:

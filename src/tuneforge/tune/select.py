@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 from tuneforge import config
 from tuneforge.errors import ConfigError, NoValidChoicesError
 from tuneforge.store import tiers
-from tuneforge.store.bundles import Nearest, bundles
 from tuneforge.store.default import default_records
 from tuneforge.store.fsutil import LockTimeout, file_lock
 from tuneforge.store.records import Record
+from tuneforge.store.shipped import Nearest, bundles
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint

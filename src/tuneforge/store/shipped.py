@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneforge import config
-from tuneforge.store.bundle import Record, RecordError, read_records
+from tuneforge.store.record import Record, RecordError, read_records
 
 log = logging.getLogger("tuneforge.store")
 

@@ -1,0 +1,51 @@
+"""The remote tier's circuit breaker on its own: open after a failure, one trial after retry_s, closed on success."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tuneforge.store.breaker import CircuitBreaker
+
+
+def test_a_failure_opens_it_until_the_retry_time_and_then_lets_one_trial_through() -> None:
+    breaker = CircuitBreaker(retry_s=0.2)
+    assert breaker.admit() and breaker.available
+    assert breaker.failed() is True  # the first failure begins an outage
+    assert not breaker.admit() and not breaker.available
+    time.sleep(0.25)
+    assert breaker.available
+    assert breaker.admit()  # the one trial
+    assert not breaker.admit() and not breaker.available  # nobody else while it is in flight
+    assert breaker.failed() is False  # the same outage goes on
+    assert not breaker.admit()
+
+
+def test_a_success_closes_it_and_says_how_long_the_outage_lasted() -> None:
+    breaker = CircuitBreaker(retry_s=0.05)
+    assert breaker.succeeded() is None  # no outage to end
+    breaker.failed()
+    time.sleep(0.06)
+    assert breaker.admit()
+    lasted = breaker.succeeded()
+    assert lasted is not None and lasted >= 0.05
+    assert breaker.admit() and breaker.admit()  # closed: every call goes through
+
+
+def test_only_one_of_many_threads_gets_the_trial() -> None:
+    breaker = CircuitBreaker(retry_s=0.01)
+    breaker.failed()
+    time.sleep(0.02)
+    admitted: list[bool] = []
+    threads = [threading.Thread(target=lambda: admitted.append(breaker.admit())) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert admitted.count(True) == 1
+
+
+def test_closed_for_good_admits_nothing() -> None:
+    breaker = CircuitBreaker(retry_s=30.0)
+    breaker.closed_for_good = True
+    assert not breaker.admit() and not breaker.available
