@@ -235,17 +235,22 @@ def test_a_huge_announced_reply_is_refused_without_reading_it(fake_server: Calla
     assert server.connections == 2
 
 
+def traced_lookup(cache: RemoteCache) -> tuple[Any, float, int]:
+    """(what get_records returned, how long it took, the peak of memory allocated meanwhile)."""
+    tracemalloc.start()
+    try:
+        (outcome,), took = in_thread(lambda: cache.get_records(KEY), limit_s=30)
+        return outcome, took, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_remote_value_above_max_entry_bytes_is_rejected_not_read(fake_server: Callable[[Handler], FakeServer]
                                                                    ) -> None:
     pytest.importorskip("zstandard")
     cache = RemoteCache(fake_server(huge).url, timeout_s=10, max_entry_bytes=2**20)
     try:
-        tracemalloc.start()
-        try:
-            (outcome,), took = in_thread(lambda: cache.get_records(KEY), limit_s=30)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        outcome, took, peak = traced_lookup(cache)
         assert outcome is None
         assert peak < 16 * 2**20 and took < 5
         # A value too large is a bad value, not an outage: the server stays in use.
@@ -358,12 +363,7 @@ def test_a_huge_announced_reply_is_refused_on_any_url_form(
     pytest.importorskip("zstandard")
     cache = RemoteCache(form_server(fake_server, form, huge, request).url, timeout_s=10, max_entry_bytes=2**20)
     try:
-        tracemalloc.start()
-        try:
-            (outcome,), took = in_thread(lambda: cache.get_records(KEY), limit_s=30)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        outcome, took, peak = traced_lookup(cache)
         assert outcome is None
         assert peak < 16 * 2**20 and took < 5  # refused from the length line, not after the 10 s time-out
         assert (cache.stats.rejected, cache.stats.errors) == (1, 0) and cache.available
