@@ -194,7 +194,7 @@ def config_show(as_json: bool) -> None:
     """Every setting, its value and where it came from (default, file, env, set)."""
     infos = config.describe()
     if as_json:
-        click.echo(json.dumps([{"name": i.name, "value": config._jsonable(i.value), "source": i.source,
+        click.echo(json.dumps([{"name": i.name, "value": config.jsonable(i.value), "source": i.source,
                                 "env_var": i.env_var, "in_cache_key": i.in_cache_key} for i in infos], indent=2))
         return
     print_table("tuneforge settings", ("setting", "value", "source", "environment variable"),

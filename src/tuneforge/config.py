@@ -137,11 +137,12 @@ def describe() -> list[SettingInfo]:
     return [SettingInfo(s.name, _shown(s), source(s.name), s.env_var, s.doc, s.in_cache_key) for s in SETTINGS]
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A setting's value as JSON can hold it (paths as text, tuples as lists)."""
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
@@ -149,12 +150,12 @@ def cache_key_hash() -> str:
     """Hash of the settings that can change a compiled artifact (those with in_cache_key=True)."""
     from tuneforge.hashing import key_hash
 
-    return key_hash({s.name: _jsonable(get(s.name)) for s in SETTINGS if s.in_cache_key})
+    return key_hash({s.name: jsonable(get(s.name)) for s in SETTINGS if s.in_cache_key})
 
 
 def save(path: str | os.PathLike[str] | None = None, *, include_defaults: bool = False) -> dict[str, Any]:
     """Write the settings that differ from their defaults (or all of them) as JSON; return the dict."""
-    chosen = {s.name: _jsonable(get(s.name)) for s in SETTINGS
+    chosen = {s.name: jsonable(get(s.name)) for s in SETTINGS
               if include_defaults or source(s.name) != "default"}
     document = {"format": FILE_FORMAT, "version": FILE_VERSION, "settings": chosen}
     if path is not None:

@@ -216,7 +216,7 @@ def build(build: CppBuild) -> CppArtifact:
     return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
 
 
-_libraries: dict[tuple[Any, ...], Any] = {}
+_libraries: dict[tuple[Any, ...], tuple[Any, str]] = {}  # memo -> (loaded library or module, artifact key)
 
 
 def _request(source: str, flags: Iterable[str], openmp: bool | None, include_dirs: Iterable[str | os.PathLike[str]],
@@ -240,12 +240,15 @@ def load(source: str, *, flags: Sequence[str] = (), openmp: bool | None = None,
     """
     request = _request(source, flags, openmp, include_dirs, python_module=False)
     memo = _memo_key(request)
-    library = _libraries.get(memo)
-    if library is None:
-        artifact = build(request)
-        library = ctypes.CDLL(str(artifact.library_path))
-        library.tuneforge_key = artifact.key  # type: ignore[attr-defined]
-        _libraries[memo] = library
+    known = _libraries.get(memo)
+    if known is not None:
+        library: ctypes.CDLL = known[0]
+        return library
+    artifact = build(request)
+    library = ctypes.CDLL(str(artifact.library_path))
+    # For users (e.g. `tuneforge cache explain <key>`); tuneforge itself takes keys from load_module_keyed.
+    library.tuneforge_key = artifact.key  # type: ignore[attr-defined]
+    _libraries[memo] = (library, artifact.key)
     return library
 
 
@@ -352,7 +355,7 @@ def load_module_by_key(key: str, *, origin: str, entry: str) -> ModuleType | Non
         return None
     _check_built_for(key, stored.meta, origin, entry)
     module = _import_extension(stored.meta["module"], stored.file(stored.meta["output"]))
-    module.tuneforge_key = key  # type: ignore[attr-defined]
+    module.tuneforge_key = key  # type: ignore[attr-defined]  # for users, as load_module's
     _by_key[memo] = (module, dict(stored.meta))
     return module
 
@@ -366,15 +369,26 @@ def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[s
     lists C prototypes of ``extern "C"`` functions in `source` (``"void add(float* out, const float* x,
     int64_t n)"``) and tuneforge generates the module around them: pointer arguments take numpy
     arrays (or anything with the buffer protocol) or integer addresses; integers and floats map to
-    Python numbers. `origin` is kept in the artifact's meta (see `CppBuild.origin`).
+    Python numbers. `origin` is kept in the artifact's meta (see `CppBuild.origin`). The module's
+    ``tuneforge_key`` attribute names its artifact, for users; tuneforge uses `load_module_keyed`.
     """
+    return load_module_keyed(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs,
+                             origin=origin)[0]
+
+
+def load_module_keyed(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
+                      openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
+                      origin: str = "") -> tuple[ModuleType, str]:
+    """`load_module`, and the key of the artifact it came from (which a tuning record keeps)."""
     request = module_request(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs,
                              origin=origin)
     memo = _memo_key(request)
-    module = _libraries.get(memo)
-    if module is None:
-        artifact = build(request)
-        module = _import_extension(_INIT.findall(request.source)[0], artifact.library_path)
-        module.tuneforge_key = artifact.key  # type: ignore[attr-defined]
-        _libraries[memo] = module
-    return module
+    known = _libraries.get(memo)
+    if known is not None:
+        module: ModuleType = known[0]
+        return module, known[1]
+    artifact = build(request)
+    module = _import_extension(_INIT.findall(request.source)[0], artifact.library_path)
+    module.tuneforge_key = artifact.key  # type: ignore[attr-defined]  # for users: see load_module
+    _libraries[memo] = (module, artifact.key)
+    return module, artifact.key

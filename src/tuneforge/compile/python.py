@@ -82,15 +82,21 @@ def _checked_code(entry: Entry, source_sha256: str) -> CodeType | str:
 def load(source: str, *, attrs: Mapping[str, Any] | None = None) -> ModuleType:
     """Import `source` as a module named ``tuneforge_generated_<key>``; the same source gives the same module.
 
-    `attrs` are set on the module before its code runs (e.g. objects the generated code refers to).
+    `attrs` are set on the module before its code runs (e.g. objects the generated code refers to). The
+    module's ``tuneforge_key`` attribute names its artifact, for users; tuneforge uses `load_keyed`.
     """
+    return load_keyed(source, attrs=attrs)[0]
+
+
+def load_keyed(source: str, *, attrs: Mapping[str, Any] | None = None) -> tuple[ModuleType, str]:
+    """`load`, and the key of the artifact the module came from (which a tuning record keeps)."""
     store = default_store()
     key = _key(source)
     memo = (str(store.root), key)
     with _lock:
         module = _modules.get(memo)
         if module is not None:
-            return module
+            return module, key
         final_dir = store.root / "entries" / key[:2] / key  # where the entry will be published
         source_bytes = source.encode("utf-8")
         source_sha256 = _sha256(source_bytes)
@@ -120,7 +126,7 @@ def load(source: str, *, attrs: Mapping[str, Any] | None = None) -> ModuleType:
         module = ModuleType(name)
         module.__file__ = str(source_path)
         module.__dict__.update(attrs or {})
-        module.tuneforge_key = key  # type: ignore[attr-defined]
+        module.tuneforge_key = key  # type: ignore[attr-defined]  # for users: see load
         sys.modules[name] = module  # lets pickle, inspect and linecache find it
         try:
             exec(code, module.__dict__)
@@ -128,4 +134,4 @@ def load(source: str, *, attrs: Mapping[str, Any] | None = None) -> ModuleType:
             sys.modules.pop(name, None)
             raise
         _modules[memo] = module
-        return module
+        return module, key

@@ -20,14 +20,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from tuneforge.errors import TuneforgeError
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "STATUSES", "Record", "RecordError", "args_problem", "check_bundle",
-           "read_bundle", "read_records", "write_bundle"]
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "STATUSES", "Record", "RecordError", "Status", "args_problem",
+           "check_bundle", "read_bundle", "read_records", "write_bundle"]
 
-STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "crash", "wrong_result")
+# How a measurement ended; the Literal is the one list, so the type checker and the runtime check agree.
+Status = Literal["ok", "compile_error", "runtime_error", "timeout", "crash", "wrong_result"]
+STATUSES: tuple[Status, ...] = get_args(Status)
 BUNDLE_FORMAT = "tuneforge-records"
 BUNDLE_VERSION = 1
 
@@ -65,7 +67,7 @@ class Record:
     choice: str
     op: str
     choice_name: str
-    status: str
+    status: Status
     median_ms: float | None = None
     min_ms: float | None = None
     mean_ms: float | None = None

@@ -24,13 +24,15 @@ class Builder(Protocol):
     def submit(self, build: Any, *, label: str = "") -> Future[Any]: ...
 
 
-def _completed(value: Any = None) -> Future[Any]:
+def completed_future(value: Any = None) -> Future[Any]:
+    """A future that already holds `value` (a choice built without a pool, or nothing to build)."""
     future: Future[Any] = Future()
     future.set_result(value)
     return future
 
 
-def _failed(exc: BaseException) -> Future[Any]:
+def failed_future(exc: BaseException) -> Future[Any]:
+    """A future that already failed with `exc` (a build that could not even start)."""
     future: Future[Any] = Future()
     future.set_exception(exc)
     return future
@@ -44,7 +46,8 @@ def _source_hash(fn: Callable[..., Any]) -> str | None:
         return None  # builtins, ufuncs, C extensions: their name and module identify them
 
 
-def _key_value(value: Any) -> Any:
+def key_value(value: Any) -> Any:
+    """`value` as key material: itself when `stable_dumps` can encode it, else its repr."""
     try:
         stable_dumps(value)
         return value
@@ -79,12 +82,17 @@ class Choice(ABC):
         in parameters, which is how a decision for one shape is mapped onto another shape's choices."""
         return f"{type(self).__name__}:{self.name}"
 
+    def record_hints(self) -> dict[str, str]:
+        """What this choice's tuning record should keep to find its code again (e.g. where its compiled
+        code is stored): given back to `use_record` when a later selection takes the record."""
+        return {}
+
     def use_record(self, info: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Take hints from this choice's tuning record (e.g. where its compiled code is stored)."""
+        """Take hints from this choice's tuning record (what `record_hints` gave, among other info)."""
 
     def build(self, builder: Builder | None = None) -> Future[Any]:
         """Prepare the choice to run (compile it); the future fails with the build error."""
-        return _completed()
+        return completed_future()
 
     @abstractmethod
     def run(self, args: Sequence[Any]) -> Any:
@@ -128,7 +136,7 @@ class ExternChoice(Choice):
         self._hash = "ext" + key_hash({
             "name": self.name, "module": getattr(fn, "__module__", None),
             "qualname": getattr(fn, "__qualname__", None),
-            "kwargs": {k: _key_value(v) for k, v in sorted(kwargs.items())},
+            "kwargs": {k: key_value(v) for k, v in sorted(kwargs.items())},
             "source": _source_hash(fn)})
 
     @property
@@ -176,7 +184,7 @@ class CallableChoice(ConfiguredChoice):
         self.name = name or f"{getattr(fn, '__name__', 'kernel')}[{self.info or 'default'}]"
         self._hash = "cfg" + key_hash({"fn": f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}",
                                        "source": _source_hash(fn),
-                                       "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
+                                       "config": {k: key_value(v) for k, v in sorted(self.config.items())}})
 
     @property
     def family(self) -> str:

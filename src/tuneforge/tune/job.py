@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tuneforge import config
 from tuneforge.errors import TuneforgeError
+from tuneforge.store.record import Status
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.fingerprint import system_fingerprint
@@ -21,11 +22,77 @@ if TYPE_CHECKING:
     from tuneforge.tune.bench import Timing
 
 
-# In order: ("inputs", runs_reference) once the example inputs exist, ("ref", error|None) once the reference
-# has run, then per choice ("start", i) ("result", i, Record), ("confirmed", i, Record) for a re-timed near
-# tie, ("done", verify_s, bench_s). The parent of a worker that dies tells the phases apart by them: making
-# the inputs (the machinery's failure), running the reference (the reference's), running choice i (its own).
-Event = tuple[Any, ...]
+# The events of a run of trials, in order: InputsReady once the example inputs exist, ReferenceRan once the
+# reference has run, then per choice ChoiceStarted and ChoiceResult, ChoiceConfirmed for a re-timed near tie,
+# and TrialsDone. The parent of a worker that dies tells the phases apart by them: making the inputs (the
+# machinery's failure), running the reference (the reference's), running choice i (its own). They cross the
+# worker's pipe as pickles: plain frozen dataclasses of data, defined here so both sides import them cheaply.
+
+
+@dataclass(frozen=True)
+class InputsReady:
+    """The example inputs exist; `runs_reference`: the reference runs next (a death now is its fault)."""
+
+    runs_reference: bool
+
+
+@dataclass(frozen=True)
+class ReferenceRan:
+    """The reference has run: `error` is why it failed (then no choice runs), None when it worked."""
+
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ChoiceStarted:
+    """Choice `index` (of the choices sent) runs now: a death or hang from here on is its own."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """Choice `index` finished its trial with `record` (a stand-in when the reference failed)."""
+
+    index: int
+    record: Record
+
+
+@dataclass(frozen=True)
+class ChoiceConfirmed:
+    """Choice `index` was re-timed in a near tie: `record` replaces its ChoiceResult record."""
+
+    index: int
+    record: Record
+
+
+@dataclass(frozen=True)
+class TrialsDone:
+    """Every trial ran: seconds spent verifying and benchmarking."""
+
+    verify_s: float
+    bench_s: float
+
+
+Event: TypeAlias = InputsReady | ReferenceRan | ChoiceStarted | ChoiceResult | ChoiceConfirmed | TrialsDone
+
+
+@dataclass(frozen=True)
+class JobUnreadable:
+    """Worker only: the job could not be unpickled there (`why`); the parent runs it itself."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """Worker only: the job failed as a whole (`error`, e.g. an input generator raised)."""
+
+    error: str
+
+
+# What a benchmark worker answers to a job: the trials' events, or why it could not run them.
+WorkerEvent: TypeAlias = Event | JobUnreadable | JobFailed
 
 
 @dataclass
@@ -72,7 +139,7 @@ def error_text(exc: BaseException) -> str:
 
 
 def reference_failed_record(job: TrialJob, choice: Choice, reference: str, error: str,
-                            status: str = "runtime_error") -> Record:
+                            status: Status = "runtime_error") -> Record:
     """The stand-in record of a choice left unrun because the reference `reference` failed with `error`
     (`status`: ``runtime_error`` when it raised, ``crash`` or ``timeout`` when it killed or hung the worker)."""
     return make_record(job, choice, status, error=f"not run: the reference {reference} failed: {error}",
@@ -98,17 +165,14 @@ def args_signature(job: TrialJob) -> list[list[Any]]:
             for s in specs]
 
 
-def make_record(job: TrialJob, choice: Choice, status: str, *, timing: Timing | None = None, error: str = "",
+def make_record(job: TrialJob, choice: Choice, status: Status, *, timing: Timing | None = None, error: str = "",
                 info: Mapping[str, Any] | None = None) -> Record:
     stats: dict[str, Any] = {}
     if timing is not None:
         stats = {"median_ms": timing.median_ms, "min_ms": timing.min_ms, "mean_ms": timing.mean_ms,
                  "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "count": timing.count, "method": timing.method}
-    extra: dict[str, Any] = {"family": choice.family}
-    for hint in ("artifact", "entry"):  # where a compiled choice's code is: loaded later without a render
-        value = getattr(choice, f"{hint}_key" if hint == "artifact" else hint, None)
-        if isinstance(value, str):
-            extra[hint] = value
+    # Where a compiled choice's code is, so a later selection loads it without a render (see use_record).
+    extra: dict[str, Any] = {"family": choice.family, **choice.record_hints()}
     if job.live_args is None:
         extra["args"] = args_signature(job)
     return Record(key=job.key, choice=choice.hash_key, op=job.name, choice_name=choice.name, status=status,

@@ -21,7 +21,16 @@ from tuneforge.compile.pool import default_pool
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failure
+from tuneforge.tune.job import (
+    ChoiceConfirmed,
+    ChoiceResult,
+    Event,
+    TrialJob,
+    TrialsDone,
+    error_text,
+    make_record,
+    reference_failure,
+)
 from tuneforge.tune.protocol import check_pickle
 from tuneforge.tune.trials import run_trials
 
@@ -105,14 +114,12 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     if reference_failed:
         _reference_failed(job, reference_failed[0][0], reference_failed[0][1], outcome.records)
     if local:
-        def emit(event: tuple[object, ...]) -> None:
-            if event[0] in ("result", "confirmed"):
-                assert isinstance(event[2], Record)
-                record(event[2])
-            elif event[0] == "done":
-                assert isinstance(event[1], float) and isinstance(event[2], float)
-                outcome.verify_s += event[1]
-                outcome.bench_s += event[2]
+        def emit(event: Event) -> None:
+            if isinstance(event, (ChoiceResult, ChoiceConfirmed)):
+                record(event.record)
+            elif isinstance(event, TrialsDone):
+                outcome.verify_s += event.verify_s
+                outcome.bench_s += event.bench_s
 
         run_trials(job, local, reference, emit)
     if reference_failed:

@@ -32,12 +32,26 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.job import TrialJob, make_record, reference_failed_record, reference_failure
+from tuneforge.tune.job import (
+    ChoiceConfirmed,
+    ChoiceResult,
+    ChoiceStarted,
+    Event,
+    InputsReady,
+    JobFailed,
+    JobUnreadable,
+    ReferenceRan,
+    TrialJob,
+    TrialsDone,
+    make_record,
+    reference_failed_record,
+    reference_failure,
+)
 from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, check_pickle, receive, send
 from tuneforge.tune.trials import run_trials
 from tuneforge.warn_once import first_time, warn_once
@@ -229,11 +243,11 @@ def _run_here(job: TrialJob, choices: Sequence[Choice], reference: Choice | None
               on_record: Callable[[Record], None]) -> tuple[float, float]:
     times = [0.0, 0.0]
 
-    def emit(event: tuple[Any, ...]) -> None:
-        if event[0] in ("result", "confirmed"):
-            on_record(event[2])
-        elif event[0] == "done":
-            times[:] = [float(event[1]), float(event[2])]
+    def emit(event: Event) -> None:
+        if isinstance(event, (ChoiceResult, ChoiceConfirmed)):
+            on_record(event.record)
+        elif isinstance(event, TrialsDone):
+            times[:] = [event.verify_s, event.bench_s]
 
     run_trials(job, choices, reference, emit)
     return times[0], times[1]
@@ -294,30 +308,31 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
         try:
             while True:
                 event = worker.receive(timeout)
-                if event[0] == "inputs":
-                    progress.reference_running = bool(event[1])
-                elif event[0] == "ref":
-                    progress.reference_running, progress.resume_at = False, 0
-                elif event[0] == "start":
-                    progress.current = event[1]
-                elif event[0] == "result":
-                    on_record(event[2])
-                    progress.current, progress.resume_at = None, event[1] + 1
-                elif event[0] == "confirmed":  # a near tie re-timed: replaces an earlier record
-                    on_record(event[2])
-                elif event[0] == "done":
-                    verify_s += event[1]
-                    bench_s += event[2]
-                    remaining = []
-                    break
-                elif event[0] == "unreadable":  # the machinery failed, not a choice: never a crash record
-                    warn_once(log, f"tune.runner:unreadable:{event[1]}", "%s: the benchmark worker cannot read the "
-                              "trials (%s); they run in this process, where a crash or hang is not isolated. Define "
-                              "launchers, references and generators in an importable module to run them isolated",
-                              job.name, event[1])
-                    return verify_s, bench_s, remaining
-                elif event[0] == "error":
-                    raise RuntimeError(f"benchmark worker failed: {event[1]}")
+                match event:
+                    case InputsReady(runs_reference=runs_reference):
+                        progress.reference_running = runs_reference
+                    case ReferenceRan():
+                        progress.reference_running, progress.resume_at = False, 0
+                    case ChoiceStarted(index=index):
+                        progress.current = index
+                    case ChoiceResult(index=index, record=result):
+                        on_record(result)
+                        progress.current, progress.resume_at = None, index + 1
+                    case ChoiceConfirmed(record=result):  # a near tie re-timed: replaces an earlier record
+                        on_record(result)
+                    case TrialsDone(verify_s=verified, bench_s=benched):
+                        verify_s += verified
+                        bench_s += benched
+                        remaining = []
+                        break
+                    case JobUnreadable(why=why):  # the machinery failed, not a choice: never a crash record
+                        warn_once(log, f"tune.runner:unreadable:{why}", "%s: the benchmark worker cannot read the "
+                                  "trials (%s); they run in this process, where a crash or hang is not isolated. "
+                                  "Define launchers, references and generators in an importable module to run "
+                                  "them isolated", job.name, why)
+                        return verify_s, bench_s, remaining
+                    case JobFailed(error=error):
+                        raise RuntimeError(f"benchmark worker failed: {error}")
         except ChannelClosed:
             death = worker.death()
             _discard()
@@ -339,7 +354,8 @@ class _Progress:
 
 
 def _after_failure(job: TrialJob, remaining: list[Choice], progress: _Progress, reference: Choice | None,
-                   status: str, detail: str, on_record: Callable[[Record], None]) -> list[Choice]:
+                   status: Literal["crash", "timeout"], detail: str,
+                   on_record: Callable[[Record], None]) -> list[Choice]:
     """Record what the worker was running when it died (`status` crash, `detail` e.g. 'killed by SIGSEGV')
     or hung (timeout, after `detail` seconds); return the choices a fresh worker must still try.
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tuneforge import config
 from tuneforge.errors import ConfigError, NoValidChoicesError
@@ -44,13 +44,21 @@ _memo: dict[tuple[str, frozenset[str]], Choice] = {}
 _memo_lock = threading.Lock()
 
 
+# Where a decision came from: one candidate only, the in-process memo, a tier's records (local, remote,
+# a shipped bundle's exact key or its nearest shape), a measurement (tuned), the records there are while
+# some candidates lack one and measuring is off (cache_only), or untuned (fallback: no valid record under
+# cache_only, or tuning itself failed). Reports and the JSON log show it; a Literal keeps the list whole.
+Source = Literal["single", "memo", "records", "remote", "bundle", "bundle-nearest", "tuned", "cache_only", "fallback"]
+SOURCES: tuple[Source, ...] = get_args(Source)
+
+
 @dataclass
 class Selection:
     """The outcome of one select(): the winner, and how it was decided."""
 
     choice: Choice
     key: str
-    source: str  # single, memo, records, tuned, cache_only, fallback
+    source: Source
     benchmarked: list[str] = field(default_factory=list)  # names of choices timed by this call
     records: dict[str, Record] = field(default_factory=dict)  # hash_key -> record of each candidate
     report: SelectionReport | None = None
@@ -179,6 +187,7 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
 
     report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described, rows=[], winner="",
                                        source="", statistic=statistic)
+    source: Source
     records, source, nearest = ({}, "tuned", None) if force else _lookup(name, key, candidates, job)
     missing = [c for c in candidates if c.hash_key not in records]
     measured: set[str] = set()
@@ -282,7 +291,7 @@ def _degraded(name: str, sizes: Sequence[str], key: str, candidates: Sequence[Ch
 
 
 def _lookup(name: str, key: str, candidates: Sequence[Choice],
-            job: TrialJob) -> tuple[dict[str, Record], str, tuple[Choice, Nearest] | None]:
+            job: TrialJob) -> tuple[dict[str, Record], Source, tuple[Choice, Nearest] | None]:
     """Records of the candidates from the tiers in order: local database, remote, shipped bundles.
 
     Returns (records by choice hash, where the last of them came from, a nearest-shape decision).
@@ -290,7 +299,7 @@ def _lookup(name: str, key: str, candidates: Sequence[Choice],
     wanted = {c.hash_key for c in candidates}
     local = [r for r in default_records().get(key) if r.choice in wanted]
     records = {r.choice: r for r in local}
-    source = "records"
+    source: Source = "records"
     if len(records) < len(wanted):
         fetched = [r for r in tiers.remote_records(key) if r.choice in wanted]
         if len(fetched) > len(records):

@@ -28,7 +28,7 @@ from typing import Any
 
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
-from tuneforge.tune.choices import Builder, ConfiguredChoice, _completed, _failed, _key_value
+from tuneforge.tune.choices import Builder, ConfiguredChoice, completed_future, failed_future, key_value
 from tuneforge.warn_once import first_time
 
 Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
@@ -167,7 +167,7 @@ class TemplateChoice(ConfiguredChoice):
         self._source: str | None = None
         self._signature: str | None = None
         self._hash = "tpl" + key_hash({"template": template.identity,
-                                       "config": {k: _key_value(v) for k, v in sorted(self.config.items())}})
+                                       "config": {k: key_value(v) for k, v in sorted(self.config.items())}})
         self.artifact_key: str | None = None  # with entry: where the built code is (records keep both)
         self.entry: str | None = None
         self.artifact_hint: tuple[str, str] | None = None
@@ -180,7 +180,7 @@ class TemplateChoice(ConfiguredChoice):
         """What the rendered source depends on (runtime parameters are not rendered): a build records it
         in its artifact, and a record's artifact is trusted only if it names this. Computed when first
         needed, since naming the candidates of a selection (every call of a new layout) must stay cheap."""
-        rendered = {k: _key_value(v) for k, v in sorted(self.config.items()) if k not in self.template.runtime_params}
+        rendered = {k: key_value(v) for k, v in sorted(self.config.items()) if k not in self.template.runtime_params}
         return "rnd" + key_hash({"template": self.template.identity, "config": rendered})
 
     @property
@@ -195,8 +195,14 @@ class TemplateChoice(ConfiguredChoice):
             self._signature = self.template.render_signature(self.config)
         return self._signature
 
+    def record_hints(self) -> dict[str, str]:
+        """Once built: the artifact key and entry function of the compiled code, for its records."""
+        hints = {"artifact": self.artifact_key, "entry": self.entry}
+        return {name: value for name, value in hints.items() if isinstance(value, str)}
+
     def use_record(self, info: Mapping[str, Any]) -> None:
-        """Remember where the record says the compiled code is; checked when it is loaded (`_load`)."""
+        """Remember where the record says the compiled code is (see `record_hints`); checked when it is
+        loaded (`_load`)."""
         artifact, entry = info.get("artifact"), info.get("entry")
         if isinstance(artifact, str) and isinstance(entry, str) and self.is_native:
             self.artifact_hint = (artifact, entry)
@@ -255,23 +261,23 @@ class TemplateChoice(ConfiguredChoice):
 
     def _load_built(self) -> Callable[..., Any]:
         if self.template.language == "python":
-            from tuneforge.compile.python import load as load_python
+            from tuneforge.compile.python import load_keyed
 
-            module = load_python(self.source)
+            module, key = load_keyed(self.source)
             entry = self.signature
         else:
             from tuneforge.compile.bindings import parse_prototype
-            from tuneforge.compile.cpp import load_module
+            from tuneforge.compile.cpp import load_module_keyed
 
             entry = parse_prototype(self.signature).name
-            module = load_module(self.source, functions=[self.signature], flags=self.template.flags,
-                                 openmp=self.template.openmp, include_dirs=self.template.include_dirs,
-                                 origin=self.render_identity)
+            module, key = load_module_keyed(self.source, functions=[self.signature], flags=self.template.flags,
+                                            openmp=self.template.openmp, include_dirs=self.template.include_dirs,
+                                            origin=self.render_identity)
         kernel: Callable[..., Any] | None = getattr(module, entry, None)
         if kernel is None:
             raise TemplateError(f"template {self.template.name!r}: the built module has no function {entry!r}")
         self._kernel = kernel
-        self.artifact_key, self.entry = getattr(module, "tuneforge_key", None), entry
+        self.artifact_key, self.entry = key, entry
         return kernel
 
     def cpp_build(self) -> Any:
@@ -291,12 +297,12 @@ class TemplateChoice(ConfiguredChoice):
                     try:
                         self._future = builder.submit(self.cpp_build(), label=self.name)
                     except Exception as exc:
-                        self._future = _failed(exc)
+                        self._future = failed_future(exc)
                 else:
                     try:
-                        self._future = _completed(self._load())
+                        self._future = completed_future(self._load())
                     except Exception as exc:
-                        self._future = _failed(exc)
+                        self._future = failed_future(exc)
             return self._future
 
     def kernel(self) -> Callable[..., Any]:

@@ -25,7 +25,19 @@ from tuneforge.tune import verify
 from tuneforge.tune.bench import benchmark_cpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import near_tie, time_side_by_side
-from tuneforge.tune.job import Event, TrialJob, error_text, make_record, reference_failed_record
+from tuneforge.tune.job import (
+    ChoiceConfirmed,
+    ChoiceResult,
+    ChoiceStarted,
+    Event,
+    InputsReady,
+    ReferenceRan,
+    TrialJob,
+    TrialsDone,
+    error_text,
+    make_record,
+    reference_failed_record,
+)
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -150,28 +162,28 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
     """Run every trial, reporting each event as it happens (the worker streams them to the parent)."""
     trials = Trials(job, job.materialize())
     # The parent of a worker that dies from here on blames the reference, not the machinery (see runner).
-    emit(("inputs", Trials.checks_with(reference)))
+    emit(InputsReady(Trials.checks_with(reference)))
     trials.run_reference(reference)
-    emit(("ref", trials.reference_error))
+    emit(ReferenceRan(trials.reference_error))
     try:
         if trials.reference_error is not None:
             assert reference is not None
             # Timed unverified, a choice that does nothing would be the fastest and be recorded as ok.
             for i, choice in enumerate(choices):
-                emit(("result", i, reference_failed_record(job, choice, reference.name, trials.reference_error)))
+                emit(ChoiceResult(i, reference_failed_record(job, choice, reference.name, trials.reference_error)))
         else:
             _run_all(trials, choices, emit)
     finally:
         trials.finish()
-    emit(("done", trials.verify_s, trials.bench_s))
+    emit(TrialsDone(trials.verify_s, trials.bench_s))
 
 
 def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
     results = []
     for i, choice in enumerate(choices):
-        emit(("start", i))
+        emit(ChoiceStarted(i))
         record = trials.run(choice)
-        emit(("result", i, record))
+        emit(ChoiceResult(i, record))
         results.append((i, choice, record))
     for i, record in trials.confirm(results):
-        emit(("confirmed", i, record))
+        emit(ChoiceConfirmed(i, record))

@@ -66,7 +66,7 @@ def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
 def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge import config
     from tuneforge.tune import runner
-    from tuneforge.tune.job import error_text
+    from tuneforge.tune.job import JobFailed, JobUnreadable, error_text
     from tuneforge.tune.protocol import ChannelClosed, Unreadable, receive, send
     from tuneforge.tune.trials import run_trials
 
@@ -84,7 +84,7 @@ def serve(read_fd: int, write_fd: int) -> None:
         except ChannelClosed:
             return
         except Unreadable as exc:  # e.g. a function this process cannot find: the parent decides
-            send(write_fd, ("unreadable", str(exc)))
+            send(write_fd, JobUnreadable(str(exc)))
             continue
         if message[0] == "exit":
             return
@@ -96,7 +96,7 @@ def serve(read_fd: int, write_fd: int) -> None:
             with config.patch(settings):
                 run_trials(job, choices, reference, lambda event: send(write_fd, event))
         except Exception as exc:  # a job-level failure (e.g. an input generator raised): report, keep serving
-            send(write_fd, ("error", error_text(exc)))
+            send(write_fd, JobFailed(error_text(exc)))
 
 
 def main() -> None:
