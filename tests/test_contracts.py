@@ -20,7 +20,7 @@ import pytest
 
 from tuneforge.tune import job as job_module
 from tuneforge.tune.choices import ExternChoice, completed_future, failed_future, key_value
-from tuneforge.tune.job import (
+from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
     ChoiceStarted,
@@ -29,10 +29,10 @@ from tuneforge.tune.job import (
     JobFailed,
     JobUnreadable,
     ReferenceRan,
-    TrialJob,
     TrialsDone,
     WorkerEvent,
 )
+from tuneforge.tune.job import TrialJob
 from tuneforge.tune.specs import TensorSpec
 from tuneforge.tune.trials import run_trials
 

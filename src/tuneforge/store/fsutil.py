@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -315,6 +314,8 @@ def overlay_dir(of: Path) -> Path:
     if known is not None:
         return known
     digest = hashlib.sha256(os.fsencode(str(of))).hexdigest()[:16]
+    import tempfile  # only a read-only cache needs an overlay
+
     top = Path(tempfile.gettempdir()) / f"tuneforge-overlay-{os.geteuid()}"
     try:
         with contextlib.suppress(FileExistsError):

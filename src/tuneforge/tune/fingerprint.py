@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tuneforge import config, cpuinfo
+from tuneforge import config
 from tuneforge._version import __version__
 from tuneforge.hashing import key_hash
 
@@ -30,6 +30,7 @@ def system_fingerprint() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def _fingerprint(cxx_setting: str, cxx_env: str, path: str) -> dict[str, Any]:
+    from tuneforge import cpuinfo  # here, not at import: a warm start from the in-process memo never needs it
     from tuneforge.compile.toolchain import default_toolchain
 
     cpu = cpuinfo.cpu_info()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
 from tuneforge.errors import TuneforgeError
@@ -20,79 +20,6 @@ from tuneforge.tune.specs import TensorSpec, example_input
 
 if TYPE_CHECKING:
     from tuneforge.tune.bench import Timing
-
-
-# The events of a run of trials, in order: InputsReady once the example inputs exist, ReferenceRan once the
-# reference has run, then per choice ChoiceStarted and ChoiceResult, ChoiceConfirmed for a re-timed near tie,
-# and TrialsDone. The parent of a worker that dies tells the phases apart by them: making the inputs (the
-# machinery's failure), running the reference (the reference's), running choice i (its own). They cross the
-# worker's pipe as pickles: plain frozen dataclasses of data, defined here so both sides import them cheaply.
-
-
-@dataclass(frozen=True)
-class InputsReady:
-    """The example inputs exist; `runs_reference`: the reference runs next (a death now is its fault)."""
-
-    runs_reference: bool
-
-
-@dataclass(frozen=True)
-class ReferenceRan:
-    """The reference has run: `error` is why it failed (then no choice runs), None when it worked."""
-
-    error: str | None
-
-
-@dataclass(frozen=True)
-class ChoiceStarted:
-    """Choice `index` (of the choices sent) runs now: a death or hang from here on is its own."""
-
-    index: int
-
-
-@dataclass(frozen=True)
-class ChoiceResult:
-    """Choice `index` finished its trial with `record` (a stand-in when the reference failed)."""
-
-    index: int
-    record: Record
-
-
-@dataclass(frozen=True)
-class ChoiceConfirmed:
-    """Choice `index` was re-timed in a near tie: `record` replaces its ChoiceResult record."""
-
-    index: int
-    record: Record
-
-
-@dataclass(frozen=True)
-class TrialsDone:
-    """Every trial ran: seconds spent verifying and benchmarking."""
-
-    verify_s: float
-    bench_s: float
-
-
-Event: TypeAlias = InputsReady | ReferenceRan | ChoiceStarted | ChoiceResult | ChoiceConfirmed | TrialsDone
-
-
-@dataclass(frozen=True)
-class JobUnreadable:
-    """Worker only: the job could not be unpickled there (`why`); the parent runs it itself."""
-
-    why: str
-
-
-@dataclass(frozen=True)
-class JobFailed:
-    """Worker only: the job failed as a whole (`error`, e.g. an input generator raised)."""
-
-    error: str
-
-
-# What a benchmark worker answers to a job: the trials' events, or why it could not run them.
-WorkerEvent: TypeAlias = Event | JobUnreadable | JobFailed
 
 
 @dataclass

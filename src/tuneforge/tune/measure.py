@@ -21,16 +21,8 @@ from tuneforge.compile.pool import default_pool
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.job import (
-    ChoiceConfirmed,
-    ChoiceResult,
-    Event,
-    TrialJob,
-    TrialsDone,
-    error_text,
-    make_record,
-    reference_failure,
-)
+from tuneforge.tune.events import ChoiceConfirmed, ChoiceResult, Event, TrialsDone
+from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failure
 from tuneforge.tune.protocol import check_pickle
 from tuneforge.tune.trials import run_trials
 

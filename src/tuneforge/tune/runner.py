@@ -5,7 +5,7 @@ If the worker dies (segfault, abort) the choice it was running is recorded as ``
 signal; if a choice runs past ``autotune.bench_timeout_s`` the worker is killed and the choice is
 recorded as ``timeout``. Either way a fresh worker continues with the remaining choices.
 
-The events tell which phase a worker died in (see job.Event). While running the reference: the
+The events tell which phase a worker died in (see events.Event). While running the reference: the
 selection fails as it does when the reference raises (nothing could be verified), and the reference
 never runs in this process, where it would crash or hang the caller. While making the example inputs
 (e.g. the out-of-memory killer) or again and again between choices: the machinery failed, not a
@@ -37,7 +37,7 @@ from typing import Any, Literal
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.job import (
+from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
     ChoiceStarted,
@@ -46,12 +46,9 @@ from tuneforge.tune.job import (
     JobFailed,
     JobUnreadable,
     ReferenceRan,
-    TrialJob,
     TrialsDone,
-    make_record,
-    reference_failed_record,
-    reference_failure,
 )
+from tuneforge.tune.job import TrialJob, make_record, reference_failed_record, reference_failure
 from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, check_pickle, receive, send
 from tuneforge.tune.trials import run_trials
 from tuneforge.warn_once import first_time, warn_once

@@ -25,19 +25,16 @@ from tuneforge.tune import verify
 from tuneforge.tune.bench import benchmark_cpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import near_tie, time_side_by_side
-from tuneforge.tune.job import (
+from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
     ChoiceStarted,
     Event,
     InputsReady,
     ReferenceRan,
-    TrialJob,
     TrialsDone,
-    error_text,
-    make_record,
-    reference_failed_record,
 )
+from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
 
 log = logging.getLogger("tuneforge.tune")
 

@@ -66,7 +66,8 @@ def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
 def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge import config
     from tuneforge.tune import runner
-    from tuneforge.tune.job import JobFailed, JobUnreadable, error_text
+    from tuneforge.tune.events import JobFailed, JobUnreadable
+    from tuneforge.tune.job import error_text
     from tuneforge.tune.protocol import ChannelClosed, Unreadable, receive, send
     from tuneforge.tune.trials import run_trials
 
