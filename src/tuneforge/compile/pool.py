@@ -53,20 +53,19 @@ from typing import Any
 from tuneforge import config
 from tuneforge.compile import cpp
 from tuneforge.compile.cpp import CppBuild
-from tuneforge.compile.pool_task import Task, resolve, settings_snapshot
+from tuneforge.compile.pool_task import Task, resolve
 from tuneforge.compile.pool_worker import (
     KILL_GRACE_S,
     BuildResult,
     executor_processes,
-    exit_description,
     init_worker,
-    kill_children,
     read_status,
     run_task,
     stop_executor,
 )
 from tuneforge.compile.progress import progress_bar, progress_wanted
 from tuneforge.errors import CompileError
+from tuneforge.supervisor import describe_exit, kill_children, settings_snapshot
 
 __all__ = ["START_METHODS", "BuildPool", "BuildResult", "default_pool"]
 
@@ -392,7 +391,7 @@ class BuildPool:
                        f"(setting compile_timeout_s + {TIMEOUT_GRACE_S:g} s); its worker process was killed")
         elif dead:
             message = (f"C++ build {task.label}: its worker process (pid {task.pid}) died "
-                       f"({exit_description(code)}) during the build")
+                       f"({describe_exit(code)}) during the build")
         else:
             message = (f"C++ build {task.label}: build worker processes died {task.resubmits + 1} times "
                        f"while it was queued or running ({exc})")

@@ -7,7 +7,6 @@ from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tuneforge import config
 from tuneforge.compile.cpp import CppBuild
 from tuneforge.compile.pool_worker import BuildResult
 
@@ -29,13 +28,6 @@ class Task:
     timed_out: bool = False
     kill_sent: float | None = None
     resubmits: int = 0
-
-
-def settings_snapshot() -> dict[str, Any]:
-    """Every setting that is not at its default (set, patched, from the environment or a file)."""
-    settings = config.save()["settings"]
-    assert isinstance(settings, dict)
-    return settings
 
 
 def resolve(future: Future[BuildResult], outcome: BuildResult | BaseException) -> None:

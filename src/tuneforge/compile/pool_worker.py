@@ -1,4 +1,4 @@
-"""The worker side of the build pool, and the process helpers both sides use.
+"""The worker side of the build pool, and the executor helpers of its parent side.
 
 A worker runs one ``cpp.build()`` per task under the submitter's settings, reports which task it
 runs in a small status file (for the pool's deadlines and crash reports), ignores Ctrl-C, and on
@@ -9,11 +9,9 @@ process group before exiting.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -25,10 +23,10 @@ from typing import Any
 from tuneforge import config
 from tuneforge.compile import cpp
 from tuneforge.compile.cpp import CppBuild
+from tuneforge.supervisor import applied_settings, die_with_parent, kill_children
 
 KILL_GRACE_S = 3.0  # a worker told to stop (SIGTERM) gets this long before SIGKILL
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -39,39 +37,7 @@ class BuildResult:
     seconds: float  # time of the build in the worker
 
 
-# ------------------------------------------------------------------------------------ process helpers
-
-
-def _numbered(directory: str) -> list[str]:
-    """The entries of `directory` named by a number (process ids, run ids); none if it cannot be read."""
-    try:
-        return [name for name in os.listdir(directory) if name.isdigit()]
-    except OSError:
-        return []
-
-
-def children(pid: int) -> list[int]:
-    """Child process ids of `pid` (Linux /proc; an empty list elsewhere)."""
-    found: list[int] = []
-    for name in _numbered("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
-                found.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def kill_children(pid: int) -> None:
-    """Kill the compilers a worker started: each runs in its own session (see toolchain.run_command)."""
-    for child in children(pid):
-        with contextlib.suppress(OSError):
-            if os.getpgid(child) == child:
-                os.killpg(child, signal.SIGKILL)  # the driver, cc1plus, as, ld
-            else:  # not (yet) a group leader: never signal a group we might share
-                os.kill(child, signal.SIGKILL)
+# ----------------------------------------------------------------------------------- executor helpers
 
 
 def executor_processes(executor: ProcessPoolExecutor) -> dict[int, Any]:
@@ -118,14 +84,6 @@ def _exit_watch(fd: int) -> None:
             os._exit(TERMINATED_EXIT)
 
 
-def _set_parent_death_signal(sig: int) -> None:
-    """Linux: the kernel sends `sig` to this process when the thread that started it exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # best effort
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-
-
 def init_worker(parent_pid: int | None, status_dir: str) -> None:
     global _worker_status_dir
     _worker_status_dir = status_dir
@@ -137,9 +95,7 @@ def init_worker(parent_pid: int | None, status_dir: str) -> None:
     threading.Thread(target=_exit_watch, args=(read_fd,), name="tuneforge-exit-watch", daemon=True).start()
     # SIGTERM rather than SIGKILL: a worker killed outright would leave its compiler running (the
     # compiler has its own session); SIGTERM lets it kill the compiler first, _exit_watch makes sure it ends.
-    _set_parent_death_signal(signal.SIGTERM)
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(TERMINATED_EXIT)  # the parent died before the death signal was armed
+    die_with_parent(signal.SIGTERM, parent_pid)  # exits with TERMINATED_EXIT if the parent is already gone
     config.reset()  # a forked worker drops the patches active at fork: each task brings its own
 
 
@@ -173,7 +129,7 @@ def run_task(run: int, build: CppBuild, settings: dict[str, Any]) -> BuildResult
     try:
         _report_start(run)
         started = time.perf_counter()
-        with config.patch(settings):
+        with applied_settings(settings):
             artifact = cpp.build(build)
             if artifact.compiled and config.get("remote.url"):
                 from tuneforge.store.remote import flush_all
@@ -206,7 +162,11 @@ def run_task(run: int, build: CppBuild, settings: dict[str, Any]) -> BuildResult
 def read_status(status_dir: str) -> dict[int, tuple[int, float]]:
     """run id -> (worker pid, start time) of the runs that workers have started and not finished."""
     found: dict[int, tuple[int, float]] = {}
-    for name in _numbered(status_dir):
+    try:
+        names = [name for name in os.listdir(status_dir) if name.isdigit()]
+    except OSError:
+        return found
+    for name in names:
         try:
             with open(os.path.join(status_dir, name)) as f:
                 run, started = f.read().split()
@@ -214,18 +174,6 @@ def read_status(status_dir: str) -> dict[int, tuple[int, float]]:
         except (OSError, ValueError):
             continue
     return found
-
-
-def exit_description(code: int | None) -> str:
-    """How a worker process ended, in words (for the error of the build it was running)."""
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def stop_executor(executor: ProcessPoolExecutor) -> None:

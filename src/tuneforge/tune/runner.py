@@ -26,7 +26,6 @@ import atexit
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from typing import Any, Literal
 
 from tuneforge import config
 from tuneforge.store.records import Record
+from tuneforge.supervisor import describe_exit, settings_snapshot
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.events import (
     ChoiceConfirmed,
@@ -87,13 +87,7 @@ class WorkerProcess:
 
     def death(self) -> str:
         """Why the worker ended, e.g. 'killed by SIGSEGV' or 'exited with status 3'."""
-        code = self.proc.wait()
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with status {code}"
+        return describe_exit(self.proc.wait())
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -140,10 +134,6 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _settings_snapshot() -> dict[str, Any]:
-    return dict(config.save()["settings"])
-
-
 def mark_worker() -> None:
     """Called by the benchmark worker: a selection made in it runs its trials in that process."""
     global _in_worker
@@ -181,7 +171,7 @@ def _load_main(worker: WorkerProcess, main: dict[str, Any]) -> str | None:
     if worker.main_loaded:
         return None
     try:
-        worker.send(("main", main, _settings_snapshot()))
+        worker.send(("main", main, settings_snapshot()))
         reply = worker.receive(_STARTUP_TIMEOUT_S)
     except ChannelClosed:
         reason = worker.death()
@@ -300,7 +290,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
             warn_once(log, f"tune.runner:main:{problem}", "%s: the main script stopped importing in the benchmark "
                       "worker (%s); the remaining trials run in this process", job.name, problem)
             return verify_s, bench_s, remaining
-        worker.send(("job", job, remaining, reference, _settings_snapshot()))
+        worker.send(("job", job, remaining, reference, settings_snapshot()))
         progress = _Progress()
         try:
             while True:

@@ -14,21 +14,13 @@ not start measuring, and above all not start a worker of its own, inside the wor
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import sys
 import traceback
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+from tuneforge.supervisor import applied_settings, die_with_parent
 
 
 def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
@@ -46,7 +38,7 @@ def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
     try:
         # Answer-only while importing: module-level selections get records or the fallback, never a
         # measurement, no table is printed and nothing is logged twice.
-        with config.patch(settings), config.patch(autotune_cache_only=True, autotune_verbose=False,
+        with applied_settings(settings), config.patch(autotune_cache_only=True, autotune_verbose=False,
                                                   autotune_log=None):
             if "name" in main:
                 namespace = runpy.run_module(main["name"], run_name="__mp_main__", alter_sys=True)
@@ -64,7 +56,6 @@ def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
 
 
 def serve(read_fd: int, write_fd: int) -> None:
-    from tuneforge import config
     from tuneforge.tune import runner
     from tuneforge.tune.events import JobFailed, JobUnreadable
     from tuneforge.tune.job import error_text
@@ -94,7 +85,7 @@ def serve(read_fd: int, write_fd: int) -> None:
             continue
         _, job, choices, reference, settings = message
         try:
-            with config.patch(settings):
+            with applied_settings(settings):
                 run_trials(job, choices, reference, lambda event: send(write_fd, event))
         except Exception as exc:  # a job-level failure (e.g. an input generator raised): report, keep serving
             send(write_fd, JobFailed(error_text(exc)))
@@ -102,7 +93,7 @@ def serve(read_fd: int, write_fd: int) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     read_fd, write_fd = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # input() in an imported script gets EOF instead of protocol bytes

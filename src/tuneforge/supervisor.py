@@ -1,0 +1,115 @@
+"""What every tuneforge worker process shares, whoever supervises it (build pool, benchmark runner, GPU worker).
+
+A worker must die with the process that started it, run under that process's settings, and, when it
+dies anyway, be described in words in the error of whatever it was running.  The three pieces:
+
+    die_with_parent(signal.SIGKILL)              # in the worker, first thing
+    settings = settings_snapshot()               # in the parent, when the work is handed over
+    with applied_settings(settings): ...         # in the worker, around the work
+    describe_exit(-11)                           # in the parent: 'killed by SIGSEGV'
+
+and the helpers that stop a worker's own children (compilers run in their own sessions).
+
+Kept at the bottom of the package (it imports only `config`), so that every layer can supervise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from typing import Any
+
+from tuneforge import config
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Linux: have the kernel send `sig` to this process when the thread that started it exits.
+
+    Best effort: returns whether the signal was armed (False elsewhere, or if prctl is missing).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(sig: int, parent_pid: int | None = None) -> None:
+    """Arm the parent-death signal; with `parent_pid`, also exit now if that parent is already gone.
+
+    The check closes the race of a parent that died before the signal was armed: the kernel sends
+    nothing then, and the orphan's parent id is no longer `parent_pid`.  The exit status is the one
+    the signal would have given (128 + sig), without running any cleanup of this process.
+    """
+    set_parent_death_signal(sig)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(128 + int(sig))
+
+
+def settings_snapshot() -> dict[str, Any]:
+    """Every setting not at its default (set, patched, from the environment or a file), as plain data.
+
+    Taken in the parent when work is handed to a worker, which applies it with `applied_settings`.
+    """
+    settings = config.save()["settings"]
+    assert isinstance(settings, dict)
+    return dict(settings)
+
+
+def applied_settings(settings: dict[str, Any]) -> config.patch:
+    """Context manager: the parent's `settings_snapshot()` in force in this (worker) process."""
+    return config.patch(settings)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, in words: 'killed by SIGSEGV', 'exited with status 3' (a Popen/Process code)."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+# ------------------------------------------------------------------------------- a worker's children
+
+
+def _numbered(directory: str) -> list[str]:
+    """The entries of `directory` named by a number (process ids); none if it cannot be read."""
+    try:
+        return [name for name in os.listdir(directory) if name.isdigit()]
+    except OSError:
+        return []
+
+
+def children(pid: int) -> list[int]:
+    """Child process ids of `pid` (Linux /proc; an empty list elsewhere)."""
+    found: list[int] = []
+    for name in _numbered("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
+                found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def kill_children(pid: int) -> None:
+    """Kill what a worker started: each child that leads its own group (a compiler run in its own
+    session: the driver, cc1plus, as, ld) with its whole group, any other child alone."""
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            if os.getpgid(child) == child:
+                os.killpg(child, signal.SIGKILL)
+            else:  # not (yet) a group leader: never signal a group we might share
+                os.kill(child, signal.SIGKILL)

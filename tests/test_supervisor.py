@@ -1,0 +1,155 @@
+"""The pieces every worker supervisor shares (issue 18, part 5), tried on real child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuneforge import config
+from tuneforge.supervisor import describe_exit, kill_children, settings_snapshot
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+
+
+def python(code: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """A fresh interpreter running `code` (text mode; Popen's keyword arguments)."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], text=True, **kwargs)
+
+
+def gone(pid: int, deadline_s: float = 30.0) -> bool:
+    """Whether process `pid` has ended (exited or a zombie) within `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("code, expected", [
+    (None, "exit status unknown"),
+    (0, "exited with status 0"),
+    (3, "exited with status 3"),
+    (-9, "killed by SIGKILL"),
+    (-11, "killed by SIGSEGV"),
+    (-200, "killed by signal 200"),
+])
+def test_exit_codes_are_described_in_words(code: int | None, expected: str) -> None:
+    assert describe_exit(code) == expected
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV"),
+    ("import os; os.abort()", "killed by SIGABRT"),
+    ("import sys; sys.exit(3)", "exited with status 3"),
+])
+def test_a_dead_child_is_described_by_its_signal_or_status(body: str, expected: str) -> None:
+    child = python(body, stderr=subprocess.DEVNULL)
+    assert describe_exit(child.wait(timeout=60)) == expected
+
+
+def test_a_killed_child_is_described_by_signal_name() -> None:
+    child = python("import time; time.sleep(60)")
+    child.kill()
+    assert describe_exit(child.wait(timeout=60)) == "killed by SIGKILL"
+
+
+@linux_only
+def test_the_death_signal_kills_a_worker_when_its_parent_dies() -> None:
+    # parent (killed below) -> worker (armed with SIGKILL); the worker must not outlive its parent.
+    parent = python("""
+        import subprocess, sys
+        worker = subprocess.Popen([sys.executable, "-c", '''
+        import signal, time
+        from tuneforge.supervisor import die_with_parent
+        die_with_parent(signal.SIGKILL)
+        print("armed", flush=True)
+        time.sleep(120)
+        '''], stdout=subprocess.PIPE, text=True)
+        assert worker.stdout.readline() == "armed\\n"
+        print(worker.pid, flush=True)
+        import time
+        time.sleep(120)
+    """, stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    worker = int(parent.stdout.readline())
+    try:
+        assert not gone(worker, deadline_s=0.5)  # alive while its parent lives
+        parent.kill()
+        parent.wait(timeout=60)
+        assert gone(worker), f"worker {worker} outlived its parent"
+    finally:
+        parent.kill()
+        kill_quietly(worker)
+
+
+@linux_only
+def test_a_worker_whose_parent_is_already_gone_exits_at_once() -> None:
+    # The race the check closes: the parent died before the signal was armed (here: a parent id that is
+    # not this process's parent stands for it). The status is the one the signal would have given.
+    child = python("""
+        import os, signal
+        from tuneforge.supervisor import die_with_parent
+        die_with_parent(signal.SIGTERM, os.getppid() + 1 if os.getppid() != 1 else 2)
+        print("survived")
+    """, stdout=subprocess.PIPE)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM and out == ""
+
+
+def test_settings_taken_in_the_parent_are_in_force_in_the_worker() -> None:
+    with config.patch(compile_timeout_s=7.5, compile_threads=3):
+        snapshot = settings_snapshot()
+    assert snapshot["compile_timeout_s"] == 7.5 and snapshot["compile_threads"] == 3
+    assert "compile_timeout_s" not in settings_snapshot()  # only what differs from the defaults
+    child = python("""
+        import json, sys
+        from tuneforge import config
+        from tuneforge.supervisor import applied_settings
+        with applied_settings(json.loads(sys.stdin.read())):
+            print(config.get("compile_timeout_s"), config.get("compile_threads"))
+        print(config.get("compile_timeout_s"))
+    """, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = child.communicate(json.dumps(snapshot), timeout=60)
+    assert out.split("\n")[:2] == ["7.5 3", "600.0"]
+
+
+@linux_only
+def test_kill_children_kills_a_child_in_its_own_session() -> None:
+    worker = python("""
+        import subprocess, time
+        compiler = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        print(compiler.pid, flush=True)
+        time.sleep(120)
+    """, stdout=subprocess.PIPE)
+    assert worker.stdout is not None
+    compiler = int(worker.stdout.readline())
+    try:
+        assert not gone(compiler, deadline_s=0.2)
+        kill_children(worker.pid)
+        assert gone(compiler)
+        assert worker.poll() is None  # the worker itself is left alone
+    finally:
+        worker.kill()
+        worker.wait(timeout=60)
+        kill_quietly(compiler)
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(OSError):  # already gone
+        os.kill(pid, signal.SIGKILL)
