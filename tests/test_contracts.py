@@ -217,7 +217,8 @@ def test_statuses_are_the_status_literal() -> None:
 
 
 def _sources_in_select() -> set[str]:
-    """Every literal select.py gives as a Selection's source: `source = ...`, tuple unpacking, Selection(...)."""
+    """Every literal select.py (and the record tiers' lookup, whose source it passes on) gives as a Selection's
+    source: `source = ...` or `x.source = ...`, tuple unpacking, Selection(...), _Found(...)."""
     found: set[str] = set()
 
     def tuples(value: ast.expr) -> list[ast.Tuple]:
@@ -229,18 +230,24 @@ def _sources_in_select() -> set[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             found.add(node.value)
 
-    for node in ast.walk(ast.parse((SRC / "tune" / "select.py").read_text())):
+    def is_source(target: ast.expr) -> bool:
+        return ((isinstance(target, ast.Name) and target.id == "source")
+                or (isinstance(target, ast.Attribute) and target.attr == "source"))
+
+    positions = {"Selection": 2, "_Found": 1}  # where a source sits among a constructor's arguments
+    trees = [ast.parse((SRC / "tune" / "select.py").read_text()), ast.parse((SRC / "store" / "tiers.py").read_text())]
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                if isinstance(target, ast.Name) and target.id == "source":
+                if is_source(target):
                     constant(node.value)
                 elif isinstance(target, ast.Tuple):
-                    at = [i for i, t in enumerate(target.elts) if isinstance(t, ast.Name) and t.id == "source"]
+                    at = [i for i, t in enumerate(target.elts) if is_source(t)]
                     for value, i in ((v, i) for v in tuples(node.value) for i in at):
                         constant(value.elts[i])
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Selection"
-              and len(node.args) > 2):
-            constant(node.args[2])
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in positions
+              and len(node.args) > positions[node.func.id]):
+            constant(node.args[positions[node.func.id]])
     return found
 
 

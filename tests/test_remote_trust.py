@@ -64,9 +64,9 @@ LOOKUPS = """
     from tuneforge import config
     from tuneforge.store import tiers
     for i in range(5):
-        tiers.remote_records(f"selection-key-{i:04d}")
+        tiers.record_tiers.remote_records(f"selection-key-{i:04d}")
     with config.patch({"remote.namespace": "another-team"}):  # a second cache: still one warning
-        tiers.remote_records("selection-key-9999")
+        tiers.record_tiers.remote_records("selection-key-9999")
     print("done")
 """
 
@@ -95,7 +95,7 @@ def test_an_empty_secret_is_an_error_not_off(redis_clean: str, tmp_path: Path, s
     code = """
         try:
             from tuneforge.store import tiers
-            tiers.remote_records("selection-key-0000")
+            tiers.record_tiers.remote_records("selection-key-0000")
         except Exception as exc:
             print(f"{type(exc).__name__}:", exc)
         else:
@@ -230,19 +230,13 @@ def test_an_intact_but_unusable_remote_artifact_is_a_counted_miss(redis_clean: s
                                                                   secret: str | None) -> None:
     from tuneforge.store.default import default_store
 
-    class NotStored(Exception):
-        pass
-
-    def refuse(staging: Path) -> dict[str, Any]:
-        raise NotStored  # as cpp.load_module_by_key does: a remote miss sends its caller to the build
-
     meta, files = UNUSABLE[case]
     put_raw(redis_clean, ART, meta, files, secret)
     with config.patch({"remote.url": redis_clean, "remote.secret": secret, "remote.allow_unsigned": True}):
         remote = tiers.remote()
         assert remote is not None
-        with pytest.raises(NotStored):  # a miss, not another exception and not a published entry
-            default_store().get_or_build(ART, tiers.from_remote_or(ART, refuse))
+        # A miss (as cpp.load_module_by_key sees it: back to the build), not an exception, not a published entry
+        assert tiers.artifact_tiers.fetch(ART) is None
         assert default_store().get(ART) is None  # nothing of it was published locally
         assert (remote.stats.unusable, remote.stats.hits, remote.stats.rejected) == (1, 0, 0)
 
@@ -250,7 +244,7 @@ def test_an_intact_but_unusable_remote_artifact_is_a_counted_miss(redis_clean: s
             (staging / "built-here.txt").write_text("local")
             return {"built": "locally"}
 
-        entry = default_store().get_or_build(ART, tiers.from_remote_or(ART, build))
+        entry = tiers.artifact_tiers.get_or_build(ART, build)
         assert entry.meta.get("built") == "locally" and "fetched_from_remote" not in entry.meta
         assert entry.files == ["built-here.txt"]
         assert remote.stats.unusable == 2
@@ -265,8 +259,8 @@ def test_remote_errors_and_timeouts_reach_cache_stats(tmp_path: Path, redis_priv
     cache_dir = tmp_path / "cache"
     lookup = """
         from tuneforge.store import tiers
-        assert tiers.remote_records("selection-key-0000") == []
-        assert tiers.remote_records("selection-key-0001") == []  # skipped: the breaker is open
+        assert tiers.record_tiers.remote_records("selection-key-0000") == []
+        assert tiers.record_tiers.remote_records("selection-key-0001") == []  # skipped: the breaker is open
     """
     common = {"TUNEFORGE_CACHE_DIR": str(cache_dir), "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1",
               "TUNEFORGE_REMOTE_TIMEOUT_S": "0.3"}

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ def cache() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def cache_stats(as_json: bool) -> None:
     """Entries, size, hit rate, evictions and corrupt entries (like `ccache -s`)."""
-    from tuneforge.store.tiers import describe_remote, remote_stats_file
+    from tuneforge.store.tiers import remote_stats_file
 
     store = _store()
     s = store.stats()
@@ -99,6 +99,18 @@ def cache_stats(as_json: bool) -> None:
         ("corrupt entries", s.corrupt),
         *remote_rows,
     ])
+
+
+def describe_remote(counters: Mapping[str, int]) -> list[tuple[str, Any]]:
+    """The remote tier's rows of `cache stats`, from its persistent counters."""
+    lookups = counters["hits"] + counters["misses"]
+    rate = f"{100 * counters['hits'] / lookups:.1f}%" if lookups else "-"
+    return [("remote hits", counters["hits"]), ("remote misses", counters["misses"]), ("remote hit rate", rate),
+            ("remote errors", counters["errors"]),
+            ("remote lookups skipped", counters.get("skipped", 0)),
+            ("remote rejected entries", counters["rejected"]),
+            ("remote unusable entries", counters.get("unusable", 0)),
+            ("remote puts", counters["puts"]), ("remote puts dropped", counters["dropped"])]
 
 
 @cache.command("clear")

@@ -35,7 +35,7 @@ from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry
 from tuneforge.store.default import default_store
 from tuneforge.store.entry import KEY_RE
-from tuneforge.store.tiers import from_remote_or, share_artifact
+from tuneforge.store.tiers import artifact_tiers
 
 log = logging.getLogger("tuneforge.compile")
 
@@ -202,7 +202,6 @@ def build(build: CppBuild) -> CppArtifact:
     """Return the artifact for `build`, compiling it only if no process has stored it yet."""
     toolchain = default_toolchain()
     key, material = artifact_key(build, toolchain)
-    store = default_store()
     compiled = False
 
     def run_compiler(staging: Path) -> Mapping[str, Any]:
@@ -210,9 +209,7 @@ def build(build: CppBuild) -> CppArtifact:
         compiled = True
         return _compile_into(staging, key, build, toolchain)
 
-    entry = store.get_or_build(key, from_remote_or(key, run_compiler), key_inputs=material)
-    if compiled:
-        share_artifact(entry)
+    entry = artifact_tiers.get_or_build(key, run_compiler, key_inputs=material)  # local, remote, else compiled
     return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
 
 
@@ -284,14 +281,6 @@ def _import_extension(name: str, path: Path) -> ModuleType:
     return module
 
 
-class _NotStored(Exception):
-    """Raised inside a store build step: the artifact is neither local nor remote."""
-
-
-def _refuse(staging: Path) -> Mapping[str, Any]:
-    raise _NotStored
-
-
 class ArtifactMismatch(Exception):
     """A key that a record names does not hold the code the caller expects; the message says why.
 
@@ -343,15 +332,13 @@ def load_module_by_key(key: str, *, origin: str, entry: str) -> ModuleType | Non
     """
     if not isinstance(key, str) or not key.startswith("cpp") or not KEY_RE.fullmatch(key):
         raise ArtifactMismatch(f"{key!r} is not a C++ artifact key")
-    store = default_store()
-    memo = (str(store.root), key)
+    memo = (str(default_store().root), key)
     known = _by_key.get(memo)
     if known is not None:
         _check_built_for(key, known[1], origin, entry)
         return known[0]
-    try:
-        stored = store.get(key) or store.get_or_build(key, from_remote_or(key, _refuse))
-    except _NotStored:
+    stored = artifact_tiers.fetch(key)
+    if stored is None:
         return None
     _check_built_for(key, stored.meta, origin, entry)
     module = _import_extension(stored.meta["module"], stored.file(stored.meta["output"]))

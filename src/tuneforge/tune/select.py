@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tuneforge import config
 from tuneforge.errors import ConfigError, NoValidChoicesError
-from tuneforge.store import tiers
-from tuneforge.store.default import default_records
 from tuneforge.store.fsutil import LockTimeout, file_lock
 from tuneforge.store.records import Record
-from tuneforge.store.shipped import Nearest, bundles
+from tuneforge.store.shipped import Nearest
+from tuneforge.store.tiers import RecordSource, record_tiers
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
@@ -36,6 +35,7 @@ from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.specs import TensorSpec, key_of
 
 if TYPE_CHECKING:
+    from tuneforge.tune.measure import Outcome
     from tuneforge.tune.report import Row, SelectionReport
 
 log = logging.getLogger("tuneforge.tune")
@@ -48,7 +48,7 @@ _memo_lock = threading.Lock()
 # a shipped bundle's exact key or its nearest shape), a measurement (tuned), the records there are while
 # some candidates lack one and measuring is off (cache_only), or untuned (fallback: no valid record under
 # cache_only, or tuning itself failed). Reports and the JSON log show it; a Literal keeps the list whole.
-Source = Literal["single", "memo", "records", "remote", "bundle", "bundle-nearest", "tuned", "cache_only", "fallback"]
+Source = Literal["single", "memo", RecordSource, "bundle-nearest", "tuned", "cache_only", "fallback"]
 SOURCES: tuple[Source, ...] = get_args(Source)
 
 
@@ -170,8 +170,7 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
            workload: Callable[[], TrialJob], *, sizes: list[str], described: list[str]) -> Selection:
-    """The shared core of select() and @autotune: memo -> records -> measure what is missing -> pick."""
-    fallback = _fallback(candidates)
+    """The shared core of select() and @autotune: memo -> record tiers -> measure what is missing -> choose."""
     if len(candidates) == 1:
         return Selection(_ready(candidates[0]), key, "single")
     force = bool(config.get("autotune.force"))
@@ -183,64 +182,118 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
             return Selection(hit, key, "memo")
     statistic = str(config.get("autotune.statistic"))
     job = workload()  # data only: inputs are generated when (and where) trials run
+    found = _Found({}, "tuned") if force else _recall(name, key, candidates, job, statistic)
+    if found.nearest is not None:
+        log.info("%s(%s): no record; using the decision for the nearest tuned shape %s from a bundle",
+                 name, ", ".join(sizes), found.nearest[1].inputs)
+    elif found.missing(candidates) and config.get("autotune.cache_only"):
+        found.source = "cache_only"
+    elif found.missing(candidates):
+        try:
+            _measure_missing(name, key, candidates, reference, job, found, force)
+        except _MachineryFailed as failed:
+            return _degraded(name, sizes, key, candidates, failed.cause)
+    winner, source = _choose(name, sizes, candidates, found, statistic)
     from tuneforge.tune import report as reporting  # tables and logs load only when a decision is made
 
-    report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described, rows=[], winner="",
-                                       source="", statistic=statistic)
-    source: Source
-    records, source, nearest = ({}, "tuned", None) if force else _lookup(name, key, candidates, job)
-    missing = [c for c in candidates if c.hash_key not in records]
-    measured: set[str] = set()
-    benchmarked: list[str] = []
-    if nearest is not None:
-        source = "bundle-nearest"
-        report.extra["nearest"] = {"key": nearest[1].key, "inputs": nearest[1].inputs,
-                                   "distance": round(nearest[1].distance, 3)}
-        log.info("%s(%s): no record; using the decision for the nearest tuned shape %s from a bundle",
-                 name, ", ".join(sizes), nearest[1].inputs)
-    elif missing and config.get("autotune.cache_only"):
-        source = "cache_only"
-    elif missing:
-        from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
+    report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described,
+                                       rows=_rows(candidates, found.records, statistic, found.measured),
+                                       winner=winner.name, source=source, statistic=statistic)
+    if found.nearest is not None:
+        nearest = found.nearest[1]
+        report.extra["nearest"] = {"key": nearest.key, "inputs": nearest.inputs, "distance": round(nearest.distance, 3)}
+    if found.outcome is not None:
+        outcome = found.outcome
+        report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
+        report.isolated = outcome.isolated
+    reporting.emit(report, benchmarked=bool(found.benchmarked))
+    with _memo_lock:
+        _memo[memo_key] = winner
+    return Selection(winner, key, source, found.benchmarked, found.records, report)
 
-        with _measuring(name, key):
-            wanted = {c.hash_key for c in missing}
-            found = [] if force else [r for r in default_records().get(key) if r.choice in wanted]
-            if found:  # another process measured them while this one waited for the lock
-                records.update({r.choice: r for r in found})
-                missing = [c for c in candidates if c.hash_key not in records]
-                source = "records"
-            if missing:
-                try:
-                    outcome = measure(job, missing, reference, on_record=default_records().put)  # kept at once
-                except (NoValidChoicesError, ConfigError):
-                    raise  # the caller's to fix: a failing reference, a bad setting
-                except Exception as exc:  # the tuning machinery failed (memory, worker), not a candidate
-                    return _degraded(name, sizes, key, candidates, exc)
-                records.update({r.choice: r for r in outcome.records})
-                measured = {c.hash_key for c in missing}
-                benchmarked = [c.name for c in missing if records[c.hash_key].status == "ok"]
-                report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
-                report.isolated = outcome.isolated
-                source = "tuned"
-                tiers.share_records(key)
+
+@dataclass
+class _Found:
+    """What a decision has to go on: records by choice hash, where they came from, a nearest-shape decision
+    from a bundle, and what this call measured (the choice hashes, the names timed ok, the figures)."""
+
+    records: dict[str, Record]
+    source: Source
+    nearest: tuple[Choice, Nearest] | None = None
+    measured: set[str] = field(default_factory=set)
+    benchmarked: list[str] = field(default_factory=list)
+    outcome: Outcome | None = None
+
+    def missing(self, candidates: Sequence[Choice]) -> list[Choice]:
+        return [c for c in candidates if c.hash_key not in self.records]
+
+
+def _recall(name: str, key: str, candidates: Sequence[Choice], job: TrialJob, statistic: str) -> _Found:
+    """The candidates' records from the tiers; with none anywhere, maybe the nearest shape in a bundle."""
+    records, source = record_tiers.lookup(key, {c.hash_key for c in candidates})
+    found = _Found(records, source)
+    if not records and config.get("bundles_nearest"):
+        nearest = record_tiers.nearest(name, args_signature(job), system_fingerprint()["hash"])
+        chosen = _map_decision(nearest, candidates, statistic) if nearest is not None else None
+        if nearest is not None and chosen is not None:
+            found.nearest, found.source = (chosen, nearest), "bundle-nearest"
+    return found
+
+
+def _measure_missing(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None, job: TrialJob,
+                     found: _Found, force: bool) -> None:
+    """Measure the candidates without a record under the selection lock, committing each record as it comes."""
+    from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
+
+    with _measuring(name, key):
+        if not force:  # another process may have measured them while this one waited for the lock
+            again = record_tiers.local(key, {c.hash_key for c in found.missing(candidates)})
+            if again:
+                found.records.update(again)
+                found.source = "records"
+        missing = found.missing(candidates)
+        if not missing:
+            return
+        with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
+            try:
+                outcome = measure(job, missing, reference, on_record=commit)
+            except (NoValidChoicesError, ConfigError):
+                raise  # the caller's to fix: a failing reference, a bad setting
+            except Exception as exc:  # the tuning machinery failed (memory, worker), not a candidate
+                raise _MachineryFailed(exc) from exc
+        found.records.update({r.choice: r for r in outcome.records})
+        found.measured = {c.hash_key for c in missing}
+        found.benchmarked = [c.name for c in missing if found.records[c.hash_key].status == "ok"]
+        found.outcome, found.source = outcome, "tuned"
+
+
+class _MachineryFailed(Exception):
+    """Measuring failed for a reason that is not a candidate's (see `_degraded`)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _choose(name: str, sizes: Sequence[str], candidates: Sequence[Choice], found: _Found,
+            statistic: str) -> tuple[Choice, Source]:
+    """The winner (ready to run) and the decision's source: the nearest shape's mapping, else the fastest
+    ok record that still builds, else (cache_only) the fallback; every candidate failed: NoValidChoicesError."""
+    records = found.records
     for choice in candidates:
         if choice.hash_key in records:
             choice.use_record(records[choice.hash_key].info)
-    winner = nearest[0] if nearest is not None else _first_that_builds(_pick(candidates, records, statistic))
+    ranked = _pick(candidates, records, statistic)
+    winner = found.nearest[0] if found.nearest is not None else _first_that_builds(ranked)
+    source = found.source
     if winner is None:
         if source != "cache_only":
             reasons = {c.name: f"{records[c.hash_key].status}: {records[c.hash_key].error}".strip()
                        for c in candidates if c.hash_key in records}
             raise NoValidChoicesError(f"no valid choice for {name}({', '.join(sizes)}); every candidate failed",
                                       reasons)
-        winner, source = _ready(fallback), "fallback"
-    report.rows = _rows(candidates, records, statistic, measured)
-    report.winner, report.source = winner.name, source
-    reporting.emit(report, benchmarked=bool(benchmarked))
-    with _memo_lock:
-        _memo[memo_key] = winner
-    return Selection(winner, key, source, benchmarked, records, report)
+        winner, source = _ready(_fallback(candidates)), "fallback"
+    return winner, source
 
 
 @contextlib.contextmanager
@@ -288,35 +341,6 @@ def _degraded(name: str, sizes: Sequence[str], key: str, candidates: Sequence[Ch
     with _memo_lock:
         _memo[memo_key] = winner
     return Selection(winner, key, "fallback")
-
-
-def _lookup(name: str, key: str, candidates: Sequence[Choice],
-            job: TrialJob) -> tuple[dict[str, Record], Source, tuple[Choice, Nearest] | None]:
-    """Records of the candidates from the tiers in order: local database, remote, shipped bundles.
-
-    Returns (records by choice hash, where the last of them came from, a nearest-shape decision).
-    """
-    wanted = {c.hash_key for c in candidates}
-    local = [r for r in default_records().get(key) if r.choice in wanted]
-    records = {r.choice: r for r in local}
-    source: Source = "records"
-    if len(records) < len(wanted):
-        fetched = [r for r in tiers.remote_records(key) if r.choice in wanted]
-        if len(fetched) > len(records):
-            records.update({r.choice: r for r in fetched})
-            source = "remote"
-    if len(records) < len(wanted):
-        shipped = [r for r in bundles().get(key) if r.choice in wanted and r.choice not in records]
-        if shipped:  # read-only: used, not copied into the local database
-            records.update({r.choice: r for r in shipped})
-            source = "bundle"
-    nearest = None
-    if not records and config.get("bundles_nearest"):
-        found = bundles().nearest(name, args_signature(job), system_fingerprint()["hash"])
-        chosen = _map_decision(found, candidates, str(config.get("autotune.statistic"))) if found else None
-        if found is not None and chosen is not None:
-            nearest = (chosen, found)
-    return records, source, nearest
 
 
 def _map_decision(found: Nearest, candidates: Sequence[Choice], statistic: str) -> Choice | None:
