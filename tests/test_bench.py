@@ -63,8 +63,10 @@ def test_unset_arguments_come_from_settings() -> None:
     with config.patch(autotune_warmup_s=0.0, autotune_bench_time_s=30.0, autotune_min_repeats=1,
                       autotune_max_repeats=9):
         assert benchmark_cpu(lambda: None).count == 9
+    # max_bench_s off: on a cold machine two runs with the first flush (allocating its buffer) can pass
+    # the 0.5 s default, which stops a long kernel's timing after two runs.
     with config.patch(autotune_bench_time_s=0.000001, autotune_min_repeats=6, autotune_max_repeats=100,
-                      autotune_flush_cache=True):
+                      autotune_flush_cache=True, autotune_max_bench_s=0.0):
         timing = benchmark_cpu(lambda: None, warmup_s=0.0)
     assert timing.count == 6 and timing.method == "cpu-perf_counter+flush"
 

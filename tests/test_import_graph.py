@@ -17,7 +17,8 @@ import tuneforge
 
 PACKAGE = Path(tuneforge.__file__).parent
 LAYERS = ("base", "store", "compile", "tune", "kernels", "surface")
-BASE = {"_version", "errors", "parsing", "settings_schema", "config", "hashing", "cpuinfo", "warn_once", "supervisor"}
+BASE = {"_version", "errors", "parsing", "settings_schema", "config", "config_values", "hashing", "cpuinfo",
+        "warn_once", "supervisor"}
 
 
 def module_name(path: Path) -> str:

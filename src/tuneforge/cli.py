@@ -35,7 +35,7 @@ from tuneforge.store.fsutil import nearest_existing
 
 def _cache_root() -> Path:
     """The cache directory, refused up front when it cannot be one (the OS error would name a subpath)."""
-    root = Path(config.get("cache_dir"))
+    root = config.get_path("cache_dir")
     existing = nearest_existing(root)
     if existing is not None and not existing.is_dir():
         what = "is not a directory" if existing == root else f"cannot be created: {existing} is a file"
@@ -77,7 +77,7 @@ def cache_stats(as_json: bool) -> None:
     remote = remote_stats_file().flush()
     lookups = s.hits + s.misses
     hit_rate = s.hits / lookups if lookups else 0.0
-    remote_url = config.get("remote.url")
+    remote_url = config.get_optional_str("remote.url")
     if as_json:
         click.echo(json.dumps({"cache_dir": str(store.root), "entries": s.entries, "bytes": s.bytes,
                                "max_bytes": s.max_bytes, "hits": s.hits, "misses": s.misses,
@@ -268,7 +268,7 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bo
 
         candidates = family.choices(dtype, space)
     started = time.perf_counter()
-    with config.patch(autotune_verbose=True, autotune_force=force or config.get("autotune.force")):
+    with config.patch(autotune_verbose=True, autotune_force=force or config.get_bool("autotune.force")):
         selection = select_detailed(op, candidates, specs, out=out)
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
@@ -388,7 +388,7 @@ def _debugging() -> bool:
     if "--debug" in sys.argv[1:]:
         return True
     try:
-        return bool(config.get("debug"))
+        return config.get_bool("debug")
     except Exception:  # the settings themselves may be what failed
         return False
 
@@ -429,7 +429,7 @@ def _status(args: list[str]) -> int:
 
 def _configured_cache_dir() -> Path | None:
     try:
-        return Path(config.get("cache_dir"))
+        return config.get_path("cache_dir")
     except Exception:  # the settings themselves may be what failed
         return None
 

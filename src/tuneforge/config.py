@@ -1,6 +1,7 @@
 """tuneforge settings: typed values with defaults, environment overrides, patching, save/load.
 
-Read a value as an attribute (``config.cache_dir``, ``config.cpp.flags``) or with ``get("cpp.flags")``.
+Read a value with the accessor of its type (``get_float("compile_timeout_s")``, ``get_strs("cpp.flags")``,
+see `config_values.py`), or untyped as an attribute (``config.cpp.flags``) or with ``get("cpp.flags")``.
 Precedence, lowest first: default < file (``load()`` or ``$TUNEFORGE_CONFIG``) < environment
 (``TUNEFORGE_<GROUP>_<NAME>``, read at import) < ``set()`` / assignment < ``patch()``.
 The declarations live in `settings_schema.py`.
@@ -21,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tuneforge import config_values as _typed
 from tuneforge.errors import ConfigError
 from tuneforge.settings_schema import SETTINGS, Setting
 
 __all__ = [
-    "ConfigError", "SettingInfo", "cache_key_hash", "describe", "get", "load", "names", "patch",
-    "reset", "save", "set",
+    "ConfigError", "SettingInfo", "cache_key_hash", "describe", "get", "get_bool", "get_float", "get_int",
+    "get_ints", "get_optional_path", "get_optional_str", "get_path", "get_paths", "get_str", "get_strs", "load",
+    "names", "patch", "reset", "save", "set",
 ]
 
 FILE_FORMAT = "tuneforge-config"
@@ -89,6 +92,47 @@ def get(name: str) -> Any:
         _values[name] = _validated(setting, setting.default_value(), "its default")
         _sources[name] = "default"
     return _values[name]
+
+
+# Typed reads: each raises TypeError, naming the accessor to use, for a setting of another type.
+def get_bool(name: str) -> bool:
+    return _typed.as_bool(name, get(name))
+
+
+def get_int(name: str) -> int:
+    return _typed.as_int(name, get(name))
+
+
+def get_float(name: str) -> float:
+    return _typed.as_float(name, get(name))
+
+
+def get_str(name: str) -> str:
+    return _typed.as_str(name, get(name))
+
+
+def get_optional_str(name: str) -> str | None:
+    return _typed.as_optional_str(name, get(name))
+
+
+def get_path(name: str) -> Path:
+    return _typed.as_path(name, get(name))
+
+
+def get_optional_path(name: str) -> Path | None:
+    return _typed.as_optional_path(name, get(name))
+
+
+def get_strs(name: str) -> tuple[str, ...]:
+    return _typed.as_strs(name, get(name))
+
+
+def get_ints(name: str) -> tuple[int, ...]:
+    return _typed.as_ints(name, get(name))
+
+
+def get_paths(name: str) -> tuple[Path, ...]:
+    return _typed.as_paths(name, get(name))
 
 
 def source(name: str) -> str:

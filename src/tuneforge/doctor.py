@@ -50,7 +50,7 @@ def _compiler_checks() -> list[Check]:
 
 
 def _cache_dir_check() -> Check:
-    root = Path(config.get("cache_dir"))
+    root = config.get_path("cache_dir")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".doctor.{os.getpid()}"

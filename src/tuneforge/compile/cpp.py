@@ -105,14 +105,14 @@ def _python_include() -> str:
 
 
 def _effective_flags(build: CppBuild) -> list[str]:
-    flags = [*config.get("cpp.flags"), *build.flags]
+    flags = [*config.get_strs("cpp.flags"), *build.flags]
     if build.python_module and platform.system() == "Darwin":
         flags += ["-undefined", "dynamic_lookup"]
     return flags
 
 
 def _user_include_dirs(build: CppBuild) -> list[str]:
-    return [str(Path(d).resolve()) for d in config.get("cpp.include_dirs")] + list(build.include_dirs)
+    return [str(d.resolve()) for d in config.get_paths("cpp.include_dirs")] + list(build.include_dirs)
 
 
 def _include_dirs(build: CppBuild) -> list[str]:
@@ -120,8 +120,8 @@ def _include_dirs(build: CppBuild) -> list[str]:
 
 
 def compile_command(build: CppBuild, toolchain: Toolchain, source: str, output: str) -> list[str]:
-    return toolchain.command_line(source, output, opt_level=config.get("cpp.opt_level"),
-                                  march=toolchain.resolve_march(config.get("cpp.march")), openmp=build.openmp,
+    return toolchain.command_line(source, output, opt_level=config.get_str("cpp.opt_level"),
+                                  march=toolchain.resolve_march(config.get_str("cpp.march")), openmp=build.openmp,
                                   flags=_effective_flags(build), include_dirs=_include_dirs(build))
 
 
@@ -140,7 +140,7 @@ def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
         "source_sha256": hashlib.sha256(build.source.encode()).hexdigest(),
         "command": command,
         "compiler": toolchain.identity(),
-        "march": toolchain.resolve_march(config.get("cpp.march")),
+        "march": toolchain.resolve_march(config.get_str("cpp.march")),
         "include_dirs": {placeholders[d]: digest for d, digest in digests.items()},
     }
     if build.python_module:
@@ -151,7 +151,7 @@ def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
 
 def _keep_failed(key: str, build: CppBuild, command: Sequence[str], stderr: str) -> Path | None:
     """Keep the source of a failed build where the user can open it; bounded to the newest few."""
-    failed_root = Path(config.get("cache_dir")) / "failed"
+    failed_root = config.get_path("cache_dir") / "failed"
     target = failed_root / key
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
     (staging / SOURCE_NAME).write_text(build.source)
     command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)
     started = time.perf_counter()
-    timeout = float(config.get("compile_timeout_s"))
+    timeout = config.get_float("compile_timeout_s")
     try:
         proc = run_command(command, cwd=staging, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -182,7 +182,7 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
         kept = _keep_failed(key, build, command, proc.stderr)
         raise CompileError(f"C++ compile failed with exit code {proc.returncode}", command=command,
                            stderr=proc.stderr, source_path=kept, returncode=proc.returncode)
-    if config.get("debug"):
+    if config.get_bool("debug"):
         log.info("compiled %s: %s", key, " ".join(command))
     module = _INIT.findall(build.source)[0] if build.python_module else None
     meta: dict[str, Any] = {"output": build.output_name, "compile_seconds": round(time.perf_counter() - started, 4),
@@ -219,14 +219,14 @@ _libraries: dict[tuple[Any, ...], tuple[Any, str]] = {}  # memo -> (loaded libra
 def _request(source: str, flags: Iterable[str], openmp: bool | None, include_dirs: Iterable[str | os.PathLike[str]],
              python_module: bool) -> CppBuild:
     return CppBuild(source=source, flags=tuple(flags),
-                    openmp=bool(config.get("cpp.openmp")) if openmp is None else openmp,
+                    openmp=config.get_bool("cpp.openmp") if openmp is None else openmp,
                     include_dirs=tuple(str(Path(d).resolve()) for d in include_dirs), python_module=python_module)
 
 
 def _memo_key(request: CppBuild) -> tuple[Any, ...]:
     # Settings that change the artifact are part of the in-process memo too, so a patch() is honoured.
-    return (request, config.get("cache_dir"), config.get("cpp.cxx"), config.get("cpp.flags"),
-            config.get("cpp.march"), config.get("cpp.opt_level"), config.get("cpp.include_dirs"))
+    return (request, config.get_path("cache_dir"), config.get_optional_str("cpp.cxx"), config.get_strs("cpp.flags"),
+            config.get_str("cpp.march"), config.get_str("cpp.opt_level"), config.get_paths("cpp.include_dirs"))
 
 
 def load(source: str, *, flags: Sequence[str] = (), openmp: bool | None = None,
@@ -297,8 +297,8 @@ def _settings_digest() -> str:
     # The settings that change a build's command line (the compiler itself is in the selection key).
     # cpp.march as set ("detect" by default), unresolved: resolving costs the compiler probe that a warm
     # start avoids, and the CPU it would detect is in the selection key already.
-    return _digest_of((config.get("cpp.flags"), config.get("cpp.march"), config.get("cpp.opt_level"),
-                       config.get("cpp.include_dirs")))
+    return _digest_of((config.get_strs("cpp.flags"), config.get_str("cpp.march"), config.get_str("cpp.opt_level"),
+                       config.get_paths("cpp.include_dirs")))
 
 
 @functools.lru_cache(maxsize=8)

@@ -13,7 +13,7 @@ from tuneforge.errors import ConfigError
 
 def _progress_setting() -> bool:
     try:
-        return bool(config.get("compile.progress"))
+        return config.get_bool("compile.progress")
     except ConfigError:  # the setting is declared in settings_schema; tolerate its absence
         return True
 

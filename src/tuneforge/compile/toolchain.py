@@ -132,7 +132,7 @@ def _resolve(spec: str) -> tuple[str, ...]:
 
 def find_compiler() -> tuple[str, ...]:
     """cpp.cxx setting, then $CXX, then g++, clang++, c++ on PATH."""
-    explicit = config.get("cpp.cxx") or os.environ.get("CXX")
+    explicit = config.get_optional_str("cpp.cxx") or os.environ.get("CXX")
     if explicit:
         return _resolve(explicit)
     for name in _CANDIDATES:
@@ -214,7 +214,7 @@ def _probe(command: tuple[str, ...]) -> Toolchain:
 
 
 def _probe_cached(command: tuple[str, ...]) -> Toolchain:
-    directory = Path(config.get("cache_dir")) / "toolchains"
+    directory = config.get_path("cache_dir") / "toolchains"
     path = directory / f"{_probe_key(command)}.json"
     try:
         data = json.loads(path.read_text())
@@ -250,7 +250,7 @@ def cpu_target(toolchain: Toolchain) -> tuple[str, tuple[str, ...]]:
     known = _targets.get(toolchain.command)
     if known is not None:
         return known
-    path = Path(config.get("cache_dir")) / "toolchains" / f"{_probe_key(toolchain.command)}.target.json"
+    path = config.get_path("cache_dir") / "toolchains" / f"{_probe_key(toolchain.command)}.target.json"
     try:
         data = json.loads(path.read_text())
         if data.get("probe_format") == PROBE_FORMAT:

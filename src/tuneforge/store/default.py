@@ -15,12 +15,12 @@ _stores: dict[tuple[str, int, float], ArtifactStore] = {}
 
 
 def artifacts_dir() -> Path:
-    return Path(config.get("cache_dir")) / "artifacts"
+    return config.get_path("cache_dir") / "artifacts"
 
 
 def default_store() -> ArtifactStore:
     """The store for the current settings; a patched cache_dir gets its own store object."""
-    spec = (str(artifacts_dir()), int(config.get("cache_max_bytes")), float(config.get("lock_timeout_s")))
+    spec = (str(artifacts_dir()), config.get_int("cache_max_bytes"), config.get_float("lock_timeout_s"))
     store = _stores.get(spec)
     if store is None:
         store = _stores[spec] = ArtifactStore(spec[0], spec[1], lock_timeout_s=spec[2])
@@ -31,7 +31,7 @@ _record_dbs: dict[str, RecordDB] = {}
 
 
 def records_path() -> Path:
-    return Path(config.get("cache_dir")) / "records.db"
+    return config.get_path("cache_dir") / "records.db"
 
 
 def default_records() -> RecordDB:

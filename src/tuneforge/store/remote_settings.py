@@ -30,10 +30,10 @@ def default_remote() -> RemoteCache | None:
     otherwise read as "no secret" and silently turn signing off).  Without a secret, one warning per
     process says that the remote's artifacts are unsigned, unless remote.allow_unsigned is set.
     """
-    url = config.get("remote.url")
+    url = config.get_optional_str("remote.url")
     if not url:
         return None
-    secret = config.get("remote.secret")  # never "": the settings refuse an empty secret (it is not "off")
+    secret = config.get_optional_str("remote.secret")  # never "": the settings refuse an empty secret (it is not "off")
     missing = [name for name in ("redis", "zstandard") if importlib.util.find_spec(name) is None]
     if missing:
         warn_once(log, "remote.no-package", "remote.url is set but the Python package(s) %s are not installed: "
@@ -41,15 +41,15 @@ def default_remote() -> RemoteCache | None:
         return None
     from tuneforge.store.remote import RemoteCache
 
-    spec = (url, config.get("remote.namespace"), secret)
+    spec = (url, config.get_str("remote.namespace"), secret)
     with _defaults_lock:
         cache = _defaults.get(spec)
         if cache is None or cache.closed:
             cache = _defaults[spec] = RemoteCache(
-                url, namespace=spec[1], secret=spec[2], ttl_s=config.get("remote.ttl_s"),
-                max_entry_bytes=config.get("remote.max_entry_bytes"), timeout_s=config.get("remote.timeout_s"),
-                retry_s=config.get("remote.retry_s"))
-            if secret is None and not config.get("remote.allow_unsigned"):
+                url, namespace=spec[1], secret=spec[2], ttl_s=config.get_float("remote.ttl_s"),
+                max_entry_bytes=config.get_int("remote.max_entry_bytes"),
+                timeout_s=config.get_float("remote.timeout_s"), retry_s=config.get_float("remote.retry_s"))
+            if secret is None and not config.get_bool("remote.allow_unsigned"):
                 warn_once(log, "remote.unsigned", "remote artifacts are unsigned: anyone who can write to this "
                            "server can run code here (remote cache %s). Set TUNEFORGE_REMOTE_SECRET (setting "
                            "remote.secret) to one shared secret on every machine to sign them, or set "

@@ -126,7 +126,7 @@ _loaded_settings: tuple[Path, ...] = ()
 def bundles() -> BundleSet:
     """The process's bundles: those named by the ``bundles`` setting plus those passed to load_bundle."""
     global _loaded_settings
-    configured = tuple(config.get("bundles"))
+    configured = config.get_paths("bundles")
     if configured != _loaded_settings:
         for path in configured:
             _bundles.add(path)

@@ -52,7 +52,7 @@ def remote_stats_file() -> StatsFile:
 
 def remote() -> RemoteCache | None:
     """The configured remote cache, its events counted into the persistent remote statistics."""
-    if not config.get("remote.url"):
+    if not config.get_optional_str("remote.url"):
         return None  # without a remote, its module (and redis) never load
     from tuneforge.store.remote_settings import default_remote
 

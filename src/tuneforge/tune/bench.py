@@ -91,12 +91,12 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     ``+abandoned``): it cannot win, and timing it fully would dominate tuning time for large shapes.
     The garbage collector is paused during the timed runs.
     """
-    warmup_s = config.get("autotune.warmup_s") if warmup_s is None else warmup_s
-    budget_s = config.get("autotune.bench_time_s") if budget_s is None else budget_s
-    min_repeats = config.get("autotune.min_repeats") if min_repeats is None else min_repeats
-    max_repeats = config.get("autotune.max_repeats") if max_repeats is None else max_repeats
-    flush_cache = config.get("autotune.flush_cache") if flush_cache is None else flush_cache
-    max_bench_s = config.get("autotune.max_bench_s") if max_bench_s is None else max_bench_s
+    warmup_s = config.get_float("autotune.warmup_s") if warmup_s is None else warmup_s
+    budget_s = config.get_float("autotune.bench_time_s") if budget_s is None else budget_s
+    min_repeats = config.get_int("autotune.min_repeats") if min_repeats is None else min_repeats
+    max_repeats = config.get_int("autotune.max_repeats") if max_repeats is None else max_repeats
+    flush_cache = config.get_bool("autotune.flush_cache") if flush_cache is None else flush_cache
+    max_bench_s = config.get_float("autotune.max_bench_s") if max_bench_s is None else max_bench_s
     if max_repeats < 1:
         raise ValueError(f"benchmark_cpu: max_repeats must be at least 1, not {max_repeats}")
     min_repeats = min(min_repeats, max_repeats)

@@ -29,7 +29,7 @@ ROUND_BATCH_S = 0.002  # each choice runs at least this long per round, so tiny 
 
 def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[Choice, Record]]:
     """The two fastest fully timed choices, if they are within the margin of each other; else []."""
-    margin = float(config.get("autotune.confirm_margin"))
+    margin = config.get_float("autotune.confirm_margin")
     timed = [(t, choice, record) for choice, record in results
              if record.status == "ok" and "+abandoned" not in record.method
              and (t := record.time(statistic)) is not None]
@@ -49,9 +49,9 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     """
     batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
     warm_up = typical_ms < WARM_UP_BELOW_MS
-    budget_s = 2 * float(config.get("autotune.bench_time_s"))
-    long_s = float(config.get("autotune.max_bench_s")) or float("inf")  # long kernels: one round can do
-    settle_s = float(config.get("autotune.settle_s"))
+    budget_s = 2 * config.get_float("autotune.bench_time_s")
+    long_s = config.get_float("autotune.max_bench_s") or float("inf")  # long kernels: one round can do
+    settle_s = config.get_float("autotune.settle_s")
     samples: list[list[float]] = [[] for _ in runs]
     if settle_s > 0:  # the first pass ends with the library calls: let their threads go idle
         time.sleep(settle_s)

@@ -25,7 +25,7 @@ def system_fingerprint() -> dict[str, Any]:
     compiler setting (a record tuned with one compiler must not answer for another one)."""
     # The compiler is found from these three strings (toolchain.find_compiler): keying on them costs
     # a few dict lookups per call (~1.5 us), where resolving the compiler would stat PATH every select().
-    return _fingerprint(config.get("cpp.cxx") or "", os.environ.get("CXX", ""), os.environ.get("PATH", ""))
+    return _fingerprint(config.get_optional_str("cpp.cxx") or "", os.environ.get("CXX", ""), os.environ.get("PATH", ""))
 
 
 @functools.lru_cache(maxsize=8)

@@ -46,7 +46,7 @@ class TrialJob:
         """The arguments: the live ones, or example inputs from the specs (seeded, RNG-neutral)."""
         if self.live_args is not None:
             return self.live_args
-        seed = int(config.get("autotune.seed"))
+        seed = config.get_int("autotune.seed")
         args = [example_input(s, seed=seed + i, generator=self.generators.get(i)) if isinstance(s, TensorSpec)
                 else s for i, s in enumerate(self.arg_specs)]
         if self.out_spec is not None:

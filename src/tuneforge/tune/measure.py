@@ -45,7 +45,7 @@ def _split(job: TrialJob, choices: Sequence[Choice],
 
     Each object is pickled once here, for both answers; it is pickled again only when sent.
     """
-    if job.live_args is not None or not config.get("autotune.isolate") or not any(c.is_native for c in choices):
+    if job.live_args is not None or not config.get_bool("autotune.isolate") or not any(c.is_native for c in choices):
         return [], list(choices), {}
     shared = [job, *([reference] if reference is not None else [])]
     checks = {id(obj): check_pickle(obj) for obj in shared}
@@ -87,7 +87,7 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             built.append(c)
         else:
             record(make_record(job, c, "compile_error", error=error_text(exc)))
-    if reference is not None and config.get("autotune.verify"):
+    if reference is not None and config.get_bool("autotune.verify"):
         exc = futures[reference.hash_key].exception()
         if exc is not None:
             _reference_failed(job, reference.name, f"compile_error: {error_text(exc)}", outcome.records)

@@ -82,13 +82,12 @@ def format_table(report: SelectionReport, limit: int | None) -> str:
 
 def print_table(report: SelectionReport, stream: IO[str] | None = None) -> None:
     debug = logging.getLogger("tuneforge").getEffectiveLevel() <= logging.DEBUG
-    limit = None if debug else int(config.get("autotune.show"))
+    limit = None if debug else config.get_int("autotune.show")
     (stream or sys.stderr).write(format_table(report, limit))
 
 
 def _log_path() -> Path | None:
-    path = config.get("autotune.log")
-    return Path(path) if path is not None else None
+    return config.get_optional_path("autotune.log")
 
 
 def append_log(report: SelectionReport) -> None:
@@ -117,7 +116,7 @@ def append_log(report: SelectionReport) -> None:
 
 
 def emit(report: SelectionReport, *, benchmarked: bool) -> None:
-    if benchmarked and config.get("autotune.verbose"):
+    if benchmarked and config.get_bool("autotune.verbose"):
         print_table(report)
     append_log(report)
 

@@ -19,7 +19,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tuneforge import config
@@ -173,20 +172,20 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     """The shared core of select() and @autotune: memo -> record tiers -> measure what is missing -> choose."""
     if len(candidates) == 1:
         return Selection(_ready(candidates[0]), key, "single")
-    force = bool(config.get("autotune.force"))
+    force = config.get_bool("autotune.force")
     memo_key = (key, frozenset(c.hash_key for c in candidates))
     if not force:
         with _memo_lock:
             hit = _memo.get(memo_key)
         if hit is not None:
             return Selection(hit, key, "memo")
-    statistic = str(config.get("autotune.statistic"))
+    statistic = config.get_str("autotune.statistic")
     job = workload()  # data only: inputs are generated when (and where) trials run
     found = _Found({}, "tuned") if force else _recall(name, key, candidates, job, statistic)
     if found.nearest is not None:
         log.info("%s(%s): no record; using the decision for the nearest tuned shape %s from a bundle",
                  name, ", ".join(sizes), found.nearest[1].inputs)
-    elif found.missing(candidates) and config.get("autotune.cache_only"):
+    elif found.missing(candidates) and config.get_bool("autotune.cache_only"):
         found.source = "cache_only"
     elif found.missing(candidates):
         try:
@@ -232,7 +231,7 @@ def _recall(name: str, key: str, candidates: Sequence[Choice], job: TrialJob, st
     """The candidates' records from the tiers; with none anywhere, maybe the nearest shape in a bundle."""
     records, source = record_tiers.lookup(key, {c.hash_key for c in candidates})
     found = _Found(records, source)
-    if not records and config.get("bundles_nearest"):
+    if not records and config.get_bool("bundles_nearest"):
         nearest = record_tiers.nearest(name, args_signature(job), system_fingerprint()["hash"])
         chosen = _map_decision(nearest, candidates, statistic) if nearest is not None else None
         if nearest is not None and chosen is not None:
@@ -304,8 +303,8 @@ def _measuring(name: str, key: str) -> Iterator[None]:
     A lock that cannot be had (a read-only cache, a holder stuck past lock_timeout_s) only costs the
     exclusion: the selection is measured anyway.
     """
-    path = Path(config.get("cache_dir")) / "locks" / "select" / f"{key}.lock"
-    timeout = float(config.get("lock_timeout_s"))
+    path = config.get_path("cache_dir") / "locks" / "select" / f"{key}.lock"
+    timeout = config.get_float("lock_timeout_s")
     with contextlib.ExitStack() as held:
         try:
             try:

@@ -58,7 +58,7 @@ class Trials:
     @staticmethod
     def checks_with(reference: Choice | None) -> bool:
         """Whether `run_reference` runs `reference` (verification is on and there is one)."""
-        return reference is not None and bool(config.get("autotune.verify"))
+        return reference is not None and config.get_bool("autotune.verify")
 
     def run_reference(self, reference: Choice | None) -> None:
         """Take the expected outputs from `reference`, or note its error (then no choice runs)."""
@@ -75,7 +75,7 @@ class Trials:
         if reference.is_extern:
             # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
             # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
-            time.sleep(float(config.get("autotune.settle_s")))
+            time.sleep(config.get_float("autotune.settle_s"))
 
     def run(self, choice: Choice) -> Record:
         started = time.perf_counter()
@@ -113,7 +113,7 @@ class Trials:
         def setup() -> None:
             verify.restore(args, self.initial, restore)
 
-        ratio = float(config.get("autotune.abandon_ratio"))
+        ratio = config.get_float("autotune.abandon_ratio")
         abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
         try:
             timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon,
@@ -128,7 +128,7 @@ class Trials:
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
-        tie = near_tie([(choice, record) for _, choice, record in results], str(config.get("autotune.statistic")))
+        tie = near_tie([(choice, record) for _, choice, record in results], config.get_str("autotune.statistic"))
         if not tie:
             return []
         index = {id(choice): i for i, choice, _ in results}

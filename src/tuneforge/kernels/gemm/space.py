@@ -50,7 +50,7 @@ def vector_widths(cpu: CpuInfo) -> list[int]:
         if cpu.has("avx2") and cpu.has("fma"):
             widths.append(32)
         widths = widths or [16]  # SSE2 is part of x86-64
-    cap = str(config.get("kernel_isa"))
+    cap = config.get_str("kernel_isa")
     if cap != "auto":
         widths = [w for w in widths if w <= _ISA_BYTES[cap]] or widths[-1:]
     return widths
@@ -70,7 +70,7 @@ def register_tiles(vec_bytes: int, cpu: CpuInfo) -> list[tuple[int, int]]:
 
 def max_threads() -> int:
     """Threads a kernel may use: the `kernel_threads` setting, else every core this process may use."""
-    configured = int(config.get("kernel_threads"))
+    configured = config.get_int("kernel_threads")
     if configured:
         return configured
     try:
