@@ -152,13 +152,13 @@ def test_start_methods_and_worker_reuse(cxx: Path, make_pool: Callable[..., Buil
     assert not pool.started
     first = pool.submit(CppBuild(source(10))).result(timeout=60)
     assert pool.started and first.compiled
-    executor, pids = pool._executor, pool._worker_pids()
+    pids = pool.worker_pids()
     assert pids and os.getpid() not in pids
     # Settings travel with each task, also those changed after the workers started.
     with config.patch(cpp_flags=["-DTF_VALUE=42"]):
         flagged = pool.submit(CppBuild('extern "C" int flagged() { return TF_VALUE; }')).result(timeout=60)
     assert ctypes.CDLL(flagged.library_path).flagged() == 42
-    assert pool._executor is executor and pool._worker_pids() == pids
+    assert pool.worker_pids() == pids  # the same workers took the second build
 
 
 def test_builds_run_in_parallel(cxx: Path, make_pool: Callable[..., BuildPool],
@@ -220,12 +220,12 @@ def test_shutdown_leaves_no_worker_or_compiler(cxx: Path, make_pool: Callable[..
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SLOW, "89.3")
     pool = make_pool()
-    future = pool.submit(CppBuild(source(40)))
-    assert eventually(lambda: pool._running_pids() and pgrep("sleep 89.3"))
-    pids = pool._worker_pids()
+    futures = [pool.submit(CppBuild(source(40))), pool.submit(CppBuild(source(42)))]
+    assert eventually(lambda: len(pool.running()) == 2 and len(pgrep("sleep 89.3")) == 2)
+    pids = pool.worker_pids()
     assert len(pids) == 2 and all(alive(pid) for pid in pids)
     pool.shutdown()
-    assert future.cancelled() and not pool.started
+    assert all(f.cancelled() for f in futures) and not pool.started
     assert not [pid for pid in pids if alive(pid)]
     assert eventually(lambda: not pgrep("sleep 89.3"), timeout=20)
     pool.shutdown()  # idempotent
@@ -244,7 +244,7 @@ def test_killed_worker_fails_its_build_only(cxx: Path, make_pool: Callable[..., 
     pool = make_pool(workers=2)
     victim = pool.submit(CppBuild(source(50)), label="victim")
     bystander = pool.submit(CppBuild(source(51)), label="bystander")
-    running = eventually(lambda: (lambda r: r if len(r) == 2 else None)(pool._running_pids()))
+    running = eventually(lambda: (lambda r: r if len(r) == 2 else None)(pool.running()))
     assert running, "both builds should be running"
     os.kill(running["victim"], signal.SIGKILL)
     with pytest.raises(CompileError, match=r"victim: its worker process \(pid \d+\) died \(killed by SIGKILL\)"):
@@ -253,6 +253,36 @@ def test_killed_worker_fails_its_build_only(cxx: Path, make_pool: Callable[..., 
     again = pool.submit(CppBuild(source(50)), label="victim")
     assert again is not victim
     assert ctypes.CDLL(again.result(timeout=PATIENCE).library_path).value_50() == 50
+
+
+_SUBMITTER = os.getpid()
+
+
+def _die_outside_the_submitter(text: str) -> CppBuild:
+    """Unpickles to a CppBuild in this process; kills any other process that unpickles it."""
+    if os.getpid() != _SUBMITTER:
+        os._exit(7)
+    return CppBuild(text)
+
+
+class PoisonBuild(CppBuild):
+    """A build whose arrival kills the worker before it can start it."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _die_outside_the_submitter, (self.source,)
+
+
+def test_a_worker_dead_before_starting_a_task_is_not_blamed_on_it(cxx: Path, make_pool: Callable[..., BuildPool]
+                                                                  ) -> None:
+    pool = make_pool(workers=2, start_method="fork")
+    poison = pool.submit(PoisonBuild(source(60)), label="poison")
+    # Each worker it reaches dies before announcing the start: the task goes to another one, three
+    # times in all, then fails naming what happened; other builds are not touched.
+    with pytest.raises(CompileError, match=r"poison: 3 build worker processes died before they could start it "
+                                           r"\(the last exited with status 7\)"):
+        poison.result(timeout=PATIENCE)
+    assert ctypes.CDLL(pool.submit(CppBuild(source(61))).result(timeout=PATIENCE).library_path).value_61() == 61
+    assert compiles(cxx) == 1  # the poisoned build never reached a compiler
 
 
 CHILD = """
@@ -265,9 +295,9 @@ if __name__ == "__main__":
     config.set("cpp.cxx", sys.argv[1])
     pool = BuildPool(2, start_method="spawn")
     future = pool.submit(CppBuild('extern "C" int orphan() { return 1; }'))
-    while not pool._running_pids():
+    while not pool.running():
         time.sleep(0.05)
-    print(" ".join(map(str, pool._worker_pids())), flush=True)
+    print(" ".join(map(str, pool.worker_pids())), flush=True)
     time.sleep(120)
 """
 
@@ -294,9 +324,9 @@ from tuneforge.compile.pool import BuildPool
 
 
 def report(pool):
-    while len(pool._running_pids()) < 2:
+    while len(pool.running()) < 2:
         time.sleep(0.05)
-    print(" ".join(map(str, pool._worker_pids())), flush=True)
+    print(" ".join(map(str, pool.worker_pids())), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tuneforge import config
-from tuneforge.supervisor import describe_exit, kill_children, settings_snapshot
+from tuneforge.supervisor import Supervised, describe_exit, kill_children, settings_snapshot, stop_all
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
@@ -153,3 +154,59 @@ def test_kill_children_kills_a_child_in_its_own_session() -> None:
 def kill_quietly(pid: int) -> None:
     with contextlib.suppress(OSError):  # already gone
         os.kill(pid, signal.SIGKILL)
+
+
+def _sleep_then_exit(code: int) -> None:  # a multiprocessing target (module level: spawn imports it)
+    time.sleep(0.2)
+    os._exit(code)
+
+
+@pytest.mark.parametrize("kind", ["subprocess", "multiprocessing"])
+def test_supervised_tells_how_either_kind_of_process_ended(kind: str) -> None:
+    process: Any
+    if kind == "subprocess":
+        process = python("import os, time; time.sleep(0.2); os._exit(5)")
+    else:
+        process = multiprocessing.get_context("spawn").Process(target=_sleep_then_exit, args=(5,))
+        process.start()
+    worker = Supervised(process)
+    assert worker.pid == process.pid and worker.exit_code() is None  # running: never waits
+    assert worker.death(timeout=60) == "exited with status 5"
+    assert worker.exit_code() == 5
+
+
+TERM_IGNORING_WORKER = """
+    import signal, subprocess, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    compiler = subprocess.Popen(["sleep", "121"], start_new_session=True)
+    print(compiler.pid, flush=True)
+    time.sleep(121)
+"""
+
+
+@linux_only
+def test_stop_all_kills_a_worker_that_ignores_sigterm_with_its_children() -> None:
+    stubborn = python(TERM_IGNORING_WORKER, stdout=subprocess.PIPE)
+    polite = python("import time; time.sleep(122)")
+    assert stubborn.stdout is not None
+    compiler = int(stubborn.stdout.readline())
+    try:
+        started = time.monotonic()
+        stop_all([Supervised(stubborn), Supervised(polite)], grace_s=0.5)
+        assert time.monotonic() - started < 30  # the grace, then SIGKILL: not the 121 s sleep
+        assert polite.returncode == -signal.SIGTERM  # took the polite way
+        assert stubborn.returncode == -signal.SIGKILL  # was killed after the grace
+        assert gone(compiler)  # with what it started in its own session
+    finally:
+        for child in (stubborn, polite):
+            child.kill()
+            child.wait(timeout=60)
+        kill_quietly(compiler)
+
+
+def test_stop_all_without_grace_kills_at_once_and_spares_the_ended() -> None:
+    ended = python("pass")
+    ended.wait(timeout=60)
+    running = python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(123)")
+    stop_all([Supervised(ended), Supervised(running)], grace_s=0)
+    assert (ended.returncode, running.returncode) == (0, -signal.SIGKILL)

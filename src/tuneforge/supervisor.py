@@ -8,7 +8,13 @@ dies anyway, be described in words in the error of whatever it was running.  The
     with applied_settings(settings): ...         # in the worker, around the work
     describe_exit(-11)                           # in the parent: 'killed by SIGSEGV'
 
-and the helpers that stop a worker's own children (compilers run in their own sessions).
+and, for the parent, one handle over a started worker whichever way it was started
+(``multiprocessing`` or ``subprocess``), with one way to stop workers and their own children
+(compilers run in their own sessions)::
+
+    worker = Supervised(process)                 # a multiprocessing Process or a subprocess.Popen
+    worker.death()                               # once it ended: 'killed by SIGKILL'
+    stop_all(workers)                            # SIGTERM, STOP_GRACE_S to clean up, then SIGKILL
 
 Kept at the bottom of the package (it imports only `config`), so that every layer can supervise.
 """
@@ -19,12 +25,17 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import time
+from collections.abc import Iterable
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from tuneforge import config
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STOP_GRACE_S = 3.0  # a worker told to stop (SIGTERM) gets this long to clean up before SIGKILL
 
 
 def set_parent_death_signal(sig: int) -> bool:
@@ -113,3 +124,62 @@ def kill_children(pid: int) -> None:
                 os.killpg(child, signal.SIGKILL)
             else:  # not (yet) a group leader: never signal a group we might share
                 os.kill(child, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------- the parent side
+
+
+class Supervised:
+    """The parent's handle on one started worker process, from `multiprocessing` or `subprocess`."""
+
+    def __init__(self, process: BaseProcess | subprocess.Popen[bytes]) -> None:
+        self.process = process
+        pid = process.pid
+        assert pid is not None, "a worker is supervised once it is started"
+        self.pid: int = pid
+
+    def __repr__(self) -> str:
+        return f"Supervised(pid={self.pid}, exit={self.exit_code()})"
+
+    def exit_code(self) -> int | None:
+        """The exit code (negative: killed by that signal) once it ended, else None; never waits."""
+        if isinstance(self.process, subprocess.Popen):
+            return self.process.poll()
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait at most `timeout` seconds (None: for good) for it to end; its exit code or None."""
+        if isinstance(self.process, subprocess.Popen):
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def death(self, timeout: float | None = 1.0) -> str:
+        """How it ended, in words ('killed by SIGSEGV'); waits up to `timeout` for the end to be known."""
+        return describe_exit(self.wait(timeout))
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` unless it already ended (and was reaped: its pid may be another process's now)."""
+        if self.exit_code() is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, sig)
+
+
+def stop_all(workers: Iterable[Supervised], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop `workers` together and wait for them: SIGTERM, then after `grace_s` (0: at once) SIGKILL,
+    each with what it started (see `kill_children`)."""
+    workers = list(workers)
+    if grace_s > 0:
+        for worker in workers:
+            worker.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for worker in workers:
+            worker.wait(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.exit_code() is None:
+            kill_children(worker.pid)
+            worker.signal(signal.SIGKILL)
+            worker.wait(5.0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +21,12 @@ class Task:
     settings: dict[str, Any]
     limit_s: float  # compile_timeout_s + TIMEOUT_GRACE_S
     future: Future[BuildResult]
-    run: int = 0  # id of the current submission to an executor (a resubmitted task gets a new one)
-    executor: ProcessPoolExecutor | None = None  # where the current submission went
-    pid: int | None = None  # the worker running it, once it has reported in
-    started: float | None = None  # time.time() when that worker started it
+    run: int  # id of this task in the pool and its workers' messages
+    pid: int | None = None  # the worker it was handed to
+    handed: float = 0.0  # time.monotonic() when it was handed to that worker
+    started: float | None = None  # time.monotonic() when that worker said it started it
     timed_out: bool = False
-    kill_sent: float | None = None
-    resubmits: int = 0
+    kill_sent: float | None = None  # time.monotonic() when its worker was told to stop
 
 
 def resolve(future: Future[BuildResult], outcome: BuildResult | BaseException) -> None:

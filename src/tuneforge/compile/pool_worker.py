@@ -1,31 +1,30 @@
-"""The worker side of the build pool, and the executor helpers of its parent side.
+"""The worker side of the build pool: one ``cpp.build()`` per task, announced before it starts.
 
-A worker runs one ``cpp.build()`` per task under the submitter's settings, reports which task it
-runs in a small status file (for the pool's deadlines and crash reports), ignores Ctrl-C, and on
-SIGTERM (also sent by the kernel when the pool's dispatcher thread dies) kills its compiler's
-process group before exiting.
+A worker reads tasks from its end of a pipe: ``(run, build, settings)``.  It answers ``("started",
+run)`` as it begins (the pool counts the task's deadline from then, not from a slow worker start) and
+``("done", run, BuildResult or exception)`` when it ends; ``None`` or a closed pipe ends the worker.
+It ignores Ctrl-C (the submitting process decides), and on SIGTERM (also sent by the kernel when the
+pool's dispatcher thread dies) kills its compiler's process group before exiting.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import signal
 import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
 from tuneforge import config
 from tuneforge.compile import cpp
 from tuneforge.compile.cpp import CppBuild
-from tuneforge.supervisor import applied_settings, die_with_parent, kill_children
+from tuneforge.supervisor import STOP_GRACE_S, applied_settings, die_with_parent, kill_children
 
-KILL_GRACE_S = 3.0  # a worker told to stop (SIGTERM) gets this long before SIGKILL
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)
 
 
@@ -37,18 +36,6 @@ class BuildResult:
     seconds: float  # time of the build in the worker
 
 
-# ----------------------------------------------------------------------------------- executor helpers
-
-
-def executor_processes(executor: ProcessPoolExecutor) -> dict[int, Any]:
-    """pid -> multiprocessing.Process of an executor's workers (empty once it is shut down)."""
-    processes = getattr(executor, "_processes", None)
-    return dict(processes) if processes else {}
-
-
-# ---------------------------------------------------------------------------------------- worker side
-
-_worker_status_dir: str | None = None
 _in_task = False
 _terminating = False
 
@@ -80,13 +67,11 @@ def _exit_watch(fd: int) -> None:
         if int(signal.SIGTERM) in data:
             _terminating = True
             kill_children(os.getpid())
-            time.sleep(KILL_GRACE_S)  # the main thread normally exits long before
+            time.sleep(STOP_GRACE_S)  # the main thread normally exits long before
             os._exit(TERMINATED_EXIT)
 
 
-def init_worker(parent_pid: int | None, status_dir: str) -> None:
-    global _worker_status_dir
-    _worker_status_dir = status_dir
+def _init_worker(parent_pid: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     signal.signal(signal.SIGTERM, _on_sigterm)
     read_fd, write_fd = os.pipe()
@@ -99,44 +84,39 @@ def init_worker(parent_pid: int | None, status_dir: str) -> None:
     config.reset()  # a forked worker drops the patches active at fork: each task brings its own
 
 
-def _status_path() -> str | None:
-    return None if _worker_status_dir is None else os.path.join(_worker_status_dir, str(os.getpid()))
+def serve(conn: Connection, parent_pid: int | None) -> None:
+    """A worker's life (the target of its process): run the tasks that arrive on `conn`, one at a time."""
+    _init_worker(parent_pid)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the pool is gone
+        if message is None:
+            return
+        run, build, settings = message
+        conn.send(("started", run))
+        outcome = run_task(build, settings)
+        try:
+            conn.send(("done", run, outcome))
+        except (EOFError, OSError):
+            return
 
 
-def _report_start(run: int) -> None:
-    """Tell the parent which worker runs `run` since when (for its deadline and crash reports)."""
-    path = _status_path()
-    if path is None:
-        return
-    tmp = f"{path}.tmp"
-    with contextlib.suppress(OSError):  # without it the build still runs, only unwatched
-        with open(tmp, "w") as f:
-            f.write(f"{run} {time.time()!r}\n")
-        os.replace(tmp, path)
-
-
-def _report_end() -> None:
-    path = _status_path()
-    if path is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def run_task(run: int, build: CppBuild, settings: dict[str, Any]) -> BuildResult:
-    """The task a worker runs: one cpp.build() under the submitter's settings."""
+def run_task(build: CppBuild, settings: dict[str, Any]) -> BuildResult | BaseException:
+    """One cpp.build() under the submitter's settings: its result, or the exception to send back."""
     global _in_task
     _in_task = True
     try:
-        _report_start(run)
         started = time.perf_counter()
         with applied_settings(settings):
             artifact = cpp.build(build)
-            if artifact.compiled and config.get("remote.url"):
+            if artifact.compiled and config.get_optional_str("remote.url"):
                 from tuneforge.store.remote import flush_all
                 from tuneforge.store.tiers import remote_stats_file
 
                 # Worker processes end without running atexit hooks: send the shared artifact now.
-                flush_all(timeout=float(config.get("remote.timeout_s")) * 4 + 5)
+                flush_all(timeout=config.get_float("remote.timeout_s") * 4 + 5)
                 remote_stats_file().flush_quietly()
         return BuildResult(artifact.key, str(artifact.library_path), artifact.compiled,
                            time.perf_counter() - started)
@@ -145,52 +125,16 @@ def run_task(run: int, build: CppBuild, settings: dict[str, Any]) -> BuildResult
     except BaseException as exc:
         if _terminating:
             os._exit(TERMINATED_EXIT)
-        try:
-            pickle.loads(pickle.dumps(exc))
-        except Exception:  # an exception that cannot cross to the parent would break the whole pool
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            raise RuntimeError(f"build failed with an exception that cannot be sent back:\n{text}") from None
-        raise
+        return _sendable(exc)
     finally:
-        _report_end()
         _in_task = False
 
 
-# ---------------------------------------------------------------------------------------- parent side
-
-
-def read_status(status_dir: str) -> dict[int, tuple[int, float]]:
-    """run id -> (worker pid, start time) of the runs that workers have started and not finished."""
-    found: dict[int, tuple[int, float]] = {}
+def _sendable(exc: BaseException) -> BaseException:
+    """`exc`, or a RuntimeError with its text when it cannot cross to the parent."""
     try:
-        names = [name for name in os.listdir(status_dir) if name.isdigit()]
-    except OSError:
-        return found
-    for name in names:
-        try:
-            with open(os.path.join(status_dir, name)) as f:
-                run, started = f.read().split()
-            found[int(run)] = (int(name), float(started))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def stop_executor(executor: ProcessPoolExecutor) -> None:
-    """Stop an executor's workers now: SIGTERM (they kill their compilers), then SIGKILL."""
-    processes = list(executor_processes(executor).values())
-    manager = getattr(executor, "_executor_manager_thread", None)
-    executor.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        if process.exitcode is None:
-            process.terminate()
-    deadline = time.monotonic() + KILL_GRACE_S
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.exitcode is None:
-            kill_children(process.pid)
-            process.kill()
-            process.join(1.0)
-    if isinstance(manager, threading.Thread) and manager is not threading.current_thread():
-        manager.join(timeout=5)
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return RuntimeError(f"build failed with an exception that cannot be sent back:\n{text}")
+    return exc

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from tuneforge import config
 from tuneforge.store.records import Record
-from tuneforge.supervisor import describe_exit, settings_snapshot
+from tuneforge.supervisor import Supervised, settings_snapshot, stop_all
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.events import (
     ChoiceConfirmed,
@@ -65,10 +65,11 @@ class WorkerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "tuneforge.tune.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, env=env, close_fds=True)
+        self.supervised = Supervised(self.proc)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._write = self.proc.stdin.fileno()
         self._read = self.proc.stdout.fileno()
-        cpus = list(config.get("autotune.worker_cpus"))
+        cpus = list(config.get_ints("autotune.worker_cpus"))
         send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus})
         ready = self.receive(_STARTUP_TIMEOUT_S)
         if ready[0] != "ready":
@@ -83,16 +84,15 @@ class WorkerProcess:
         return receive(self._read, timeout)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.supervised.exit_code() is None
 
     def death(self) -> str:
         """Why the worker ended, e.g. 'killed by SIGSEGV' or 'exited with status 3'."""
-        return describe_exit(self.proc.wait())
+        return self.supervised.death(timeout=None)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        """Kill it at once (nothing of a kernel's run is worth saving), with anything it started."""
+        stop_all([self.supervised], grace_s=0)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
@@ -276,7 +276,7 @@ def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
 def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice | None, main: dict[str, Any] | None,
                    on_record: Callable[[Record], None]) -> tuple[float, float, list[Choice]]:
     """The worker loop: (verify seconds, benchmark seconds, choices it could not take, to run here)."""
-    timeout = float(config.get("autotune.bench_timeout_s"))
+    timeout = config.get_float("autotune.bench_timeout_s")
     remaining = list(choices)
     verify_s = bench_s = 0.0
     stalls = 0
