@@ -1,15 +1,15 @@
-"""Tests of the tuning-record database: round trips, ranking, real concurrent writers, bundles, schema, read-only."""
+"""Tests of the tuning-record database: round trips, validation, ranking, schema, read-only, delete and keys.
+
+Concurrent writers are in test_records_concurrency.py, bundles in test_records_bundles.py."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,39 +17,14 @@ from typing import Any
 import pytest
 
 from tuneforge.store import records as records_mod
-from tuneforge.store.records import (
-    BUNDLE_FORMAT,
-    BUNDLE_VERSION,
-    SCHEMA_VERSION,
-    STATUSES,
-    Record,
-    RecordDB,
-    RecordError,
-    read_bundle,
-    write_bundle,
+from tuneforge.store.records import SCHEMA_VERSION, STATUSES, Record, RecordDB, RecordError
+
+from .record_helpers import (
+    db_fixture,  # noqa: F401 (the `db` fixture)
+    filled_db,
+    full_record,
+    rec,
 )
-
-
-def rec(key: str = "k1", choice: str = "c1", status: str = "ok", median: float | None = 1.0, **kw: Any) -> Record:
-    fields: dict[str, Any] = {"op": "matmul", "choice_name": f"name-{choice}", "median_ms": median}
-    fields.update(kw)
-    return Record(key=key, choice=choice, status=status, **fields)
-
-
-def full_record() -> Record:
-    return Record(key="key-abc", choice="choice-xyz", op="matmul", choice_name="tile 64x64 (unroll 4)",
-                  status="wrong_result", median_ms=1.25, min_ms=1.0, mean_ms=1.5, p20_ms=1.1, p80_ms=1.7,
-                  count=17, method="cpu-perf_counter", error="max abs diff 0.5 > 1e-4",
-                  params={"tile": [64, 64], "unroll": 4, "nested": {"a": None, "b": True, "c": "x"}},
-                  inputs="float32[512x512], float32[512x512]", system="sys-1234",
-                  info={"flags": ["-O3"], "mutates_inputs": False}, created=1_700_000_000.5)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Any:
-    with RecordDB(tmp_path / "records.sqlite") as database:
-        yield database
-
 
 # ------------------------------------------------------------------------------ round trip, validation
 
@@ -167,241 +142,6 @@ def test_best_when_every_choice_failed(db: RecordDB) -> None:
     assert len(db.get("k1")) == 2
 
 
-# ----------------------------------------------------------------------------------------- concurrency
-
-_MAKE = """
-from tuneforge.store.records import Record
-
-def make(worker, i):
-    return Record(key=f"key-{i % 7}", choice=f"w{worker}-c{i:04d}", op=f"op{worker % 2}", choice_name=f"W{worker} #{i}",
-                  status="ok" if i % 5 else "runtime_error", median_ms=worker * 1000 + i + 0.25, min_ms=i * 0.5,
-                  count=i, method="cpu-perf_counter", error="" if i % 5 else f"error {worker}/{i}",
-                  params={"worker": worker, "i": i, "tile": [i, i + 1]}, inputs=f"float32[{i}]", system="sys",
-                  info={"even": i % 2 == 0}, created=1e9 + i)
-"""
-
-_WRITER = _MAKE + """
-import sys, time, pathlib
-from tuneforge.store.records import RecordDB
-path, work, worker = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
-db = RecordDB(path)
-(work / f"ready-{worker}").touch()
-while not (work / "go").exists():
-    time.sleep(0.001)
-for i in range(200):
-    db.put(make(worker, i))
-    if i % 20 == 0:  # every worker also fights over one shared row
-        db.put(Record(key="shared", choice="same", op="op0", choice_name="shared", status="ok", median_ms=i))
-for start in range(200, 260, 15):
-    db.put_many(make(worker, i) for i in range(start, start + 15))
-print("done", worker)
-"""
-
-
-def test_four_processes_writing_concurrently_lose_nothing(tmp_path: Path) -> None:
-    path, work = tmp_path / "db" / "records.sqlite", tmp_path / "work"
-    work.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(work), str(w)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(4)]
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(work.glob("ready-*"))) < 4:
-            assert time.monotonic() < deadline, "writers did not start"
-            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
-            time.sleep(0.005)
-        (work / "go").touch()  # the barrier: every writer starts now
-        outputs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err
-        assert out.startswith("done")
-    namespace: dict[str, Any] = {}
-    exec(_MAKE, namespace)
-    expected = {(r.key, r.choice): r for r in (namespace["make"](w, i) for w in range(4) for i in range(260))}
-    with RecordDB(path, readonly=True) as db:
-        assert db.count() == len(expected) + 1 == 1041
-        stored = {(r.key, r.choice): r for r in db.records()}
-    assert stored.pop(("shared", "same")).median_ms in {float(i) for i in range(0, 200, 20)}
-    assert stored == expected
-
-
-def test_threads_share_one_instance(db: RecordDB) -> None:
-    errors: list[BaseException] = []
-
-    def work(t: int) -> None:
-        try:
-            for i in range(40):
-                db.put(rec(key=f"t{t}", choice=f"c{i}", median=float(i)))
-                db.get(f"t{t}")
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert db.count() == 160
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_child_opens_its_own_connection(db: RecordDB) -> None:
-    db.put(rec(choice="parent"))
-    parent_conn = db._conn
-    assert parent_conn is not None
-    pid = os.fork()
-    if pid == 0:  # child: must not reuse the parent's connection
-        code = 1
-        try:
-            db.put(rec(choice="child"))
-            code = 0 if db._conn is not None and db._conn is not parent_conn else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert db._conn is parent_conn
-    assert [r.choice for r in db.get("k1")] == ["child", "parent"]
-    db.put(rec(choice="parent-again"))
-    assert db.count() == 3
-
-
-def test_locked_database_retries_then_gives_up_naming_the_path(tmp_path: Path) -> None:
-    path = tmp_path / "records.sqlite"
-    with RecordDB(path) as db:
-        db.put(rec(choice="first"))
-    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
-        start = time.monotonic()
-        with RecordDB(path, timeout_s=0.3) as db, pytest.raises(RecordError, match="locked") as info:
-            db.put(rec(choice="second"))
-        assert time.monotonic() - start >= 0.25
-        assert str(path) in str(info.value)
-        releaser = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
-        releaser.start()
-        with RecordDB(path, timeout_s=10) as db:  # waits for the holder, then succeeds
-            db.put(rec(choice="third"))
-            releaser.join()
-            assert [r.choice for r in db.get("k1")] == ["first", "third"]
-    finally:
-        if holder.in_transaction:
-            holder.execute("ROLLBACK")
-        holder.close()
-
-
-# --------------------------------------------------------------------------------------------- bundles
-
-def _filled(path: Path) -> RecordDB:
-    db = RecordDB(path)
-    db.put_many([full_record(), rec(choice="a", median=2.0, created=100.0),
-                 rec(key="k2", choice="b", op="conv", status="crash", median=None, error="SIGSEGV", created=100.0)])
-    return db
-
-
-def test_export_import_round_trip(tmp_path: Path) -> None:
-    with _filled(tmp_path / "a.sqlite") as src, RecordDB(tmp_path / "b.sqlite") as dst:
-        bundle = src.export_bundle()
-        assert (bundle["format"], bundle["version"]) == (BUNDLE_FORMAT, BUNDLE_VERSION)
-        assert isinstance(bundle["exported"], float) and len(bundle["records"]) == 3
-        file = tmp_path / "out" / "bundle.json"
-        write_bundle(bundle, file)
-        assert [p.name for p in file.parent.iterdir()] == ["bundle.json"]  # no temp file left behind
-        assert read_bundle(file) == json.loads(json.dumps(bundle))
-        assert dst.import_bundle(file) == 3
-        assert dst.records() == src.records()
-        assert dst.import_bundle(bundle) == 0  # importing the same rows again changes nothing
-        conv = src.export_bundle(op="conv")["records"]
-        assert [r["key"] for r in conv] == ["k2"]
-
-
-def test_import_keep_policies(tmp_path: Path) -> None:
-    ours = [rec(choice="fast", median=1.0, created=200.0), rec(choice="failed", status="timeout", median=None,
-                                                                created=200.0),
-            rec(choice="slow", median=9.0, created=200.0), rec(choice="nomedian", median=None, created=200.0)]
-    theirs = [rec(choice="fast", median=2.0, created=300.0),     # worse but newer
-              rec(choice="failed", median=5.0, created=100.0),   # ok beats failed, older
-              rec(choice="slow", median=3.0, created=100.0),     # better, older
-              rec(choice="nomedian", median=4.0, created=300.0),  # a median beats none
-              rec(choice="new", status="crash", median=None, created=50.0)]  # no conflict: always written
-    bundle = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "exported": 0.0,
-              "records": [r.to_json() for r in theirs]}
-    expected = {
-        "better": {"fast": 1.0, "failed": 5.0, "slow": 3.0, "nomedian": 4.0, "new": None},
-        "newer": {"fast": 2.0, "failed": None, "slow": 9.0, "nomedian": 4.0, "new": None},
-        "theirs": {"fast": 2.0, "failed": 5.0, "slow": 3.0, "nomedian": 4.0, "new": None},
-    }
-    written = {"better": 4, "newer": 3, "theirs": 5}
-    for keep, medians in expected.items():
-        with RecordDB(tmp_path / f"{keep}.sqlite") as db:
-            db.put_many(ours)
-            assert db.import_bundle(bundle, keep=keep) == written[keep], keep
-            assert {r.choice: r.median_ms for r in db.get("k1")} == medians, keep
-    with RecordDB(tmp_path / "x.sqlite") as db, pytest.raises(RecordError, match="keep policy 'mine'"):
-        db.import_bundle(bundle, keep="mine")
-    # keep="better" between two failed rows keeps ours
-    with RecordDB(tmp_path / "failed.sqlite") as db:
-        db.put(rec(status="crash", median=None, error="ours", created=1.0))
-        failed = {**bundle, "records": [rec(status="timeout", median=None, error="theirs", created=2.0).to_json()]}
-        assert db.import_bundle(failed) == 0
-        assert db.get("k1")[0].error == "ours"
-
-
-def test_bad_record_imports_nothing_and_names_index_and_field(tmp_path: Path) -> None:
-    with _filled(tmp_path / "a.sqlite") as src, RecordDB(tmp_path / "b.sqlite") as dst:
-        dst.put(rec(key="mine", choice="x"))
-        bundle = src.export_bundle()
-        bundle["records"].append(rec(key="late", choice="y").to_json())
-        bundle["records"][2]["median_ms"] = "fast"
-        with pytest.raises(RecordError, match=r"record 2: record field 'median_ms'"):
-            dst.import_bundle(bundle)
-        bundle["records"][2]["median_ms"] = 1.0
-        bundle["records"][1]["status"] = "great"
-        with pytest.raises(RecordError, match=r"record 1: .*'great'"):
-            dst.import_bundle(bundle)
-        assert [r.key for r in dst.records()] == ["mine"]
-        with pytest.raises(RecordError, match="record 1"):
-            write_bundle(bundle, tmp_path / "bad.json")
-        assert not (tmp_path / "bad.json").exists()
-
-
-def test_bundle_files_with_wrong_format_or_version(tmp_path: Path) -> None:
-    good = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "exported": 1.0, "records": [rec().to_json()]}
-    cases: list[tuple[Any, str]] = [
-        ({**good, "format": "something-else"}, "not a tuneforge records bundle"),
-        ({**good, "version": BUNDLE_VERSION + 1}, "newer than this tuneforge supports.*upgrade tuneforge"),
-        ({**good, "version": "1"}, "invalid bundle version"),
-        ({**good, "records": {"a": 1}}, "'records' must be a list"),
-        ([good], "not a tuneforge records bundle"),
-    ]
-    for i, (doc, message) in enumerate(cases):
-        file = tmp_path / f"case{i}.json"
-        file.write_text(json.dumps(doc))
-        with pytest.raises(RecordError, match=message) as info:
-            read_bundle(file)
-        assert str(file) in str(info.value)
-        with RecordDB(tmp_path / "db.sqlite") as db, pytest.raises(RecordError, match=message):
-            db.import_bundle(file)
-        with pytest.raises(RecordError, match=message):
-            write_bundle(doc, tmp_path / "never.json")
-    (tmp_path / "garbage.json").write_text("{not json")
-    with pytest.raises(RecordError, match=r"garbage\.json is not valid JSON"):
-        read_bundle(tmp_path / "garbage.json")
-    with pytest.raises(RecordError, match=r"missing\.json does not exist"):
-        read_bundle(tmp_path / "missing.json")
-    assert not (tmp_path / "never.json").exists()
-    assert not (tmp_path / "db.sqlite").exists()
-    # write_bundle replaces an existing file atomically
-    target = tmp_path / "b.json"
-    target.write_text("old")
-    write_bundle(good, target)
-    assert read_bundle(target) == good
-
-
 # ---------------------------------------------------------------------------------------------- schema
 
 def _raw(path: Path, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
@@ -492,7 +232,7 @@ def test_readonly_missing_file_is_empty_and_never_created(tmp_path: Path) -> Non
         assert db.best("k1") is None and db.top_k("k1", 3) == [] and db.get_choice("k1", "c1") is None
         assert db.export_bundle()["records"] == []
         for write in (lambda: db.put(rec()), lambda: db.put_many([rec()]), lambda: db.delete("k1"),
-                      lambda: db.clear(), lambda: db.import_bundle(_filled(tmp_path / "src.sqlite").export_bundle())):
+                      lambda: db.clear(), lambda: db.import_bundle(filled_db(tmp_path / "src.sqlite").export_bundle())):
             with pytest.raises(RecordError, match="read-only"):
                 write()
     assert not path.parent.exists()

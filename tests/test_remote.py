@@ -1,61 +1,40 @@
-"""The Redis tier against a real redis-server: round trips, signing, garbage, TTL, outages, write-behind."""
+"""The Redis tier against a real redis-server: round trips, signing, garbage, TTL, size limits, construction.
+
+Write-behind delivery is in test_remote_write_behind.py, outages in test_remote_outages.py."""
 
 from __future__ import annotations
 
-import _ctypes
-import hashlib
 import importlib.util
 import json
 import logging
 import os
-import subprocess
-import sys
-import textwrap
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tuneforge import config, warn_once
+from tuneforge import config
 from tuneforge.errors import ConfigError
 from tuneforge.store import remote, remote_format, remote_settings
-from tuneforge.store.entry import make_manifest
-from tuneforge.store.records import Record
 from tuneforge.store.remote import RemoteCache
 
 from .conftest import run_python
-from .redis_server import RedisServer
+from .remote_helpers import (
+    ART,
+    KEY,
+    LOGGER,
+    artifact,
+    fresh_warnings,  # noqa: F401 (an autouse fixture)
+    make_cache_fixture,  # noqa: F401 (the `make_cache` fixture)
+    record,
+    wait_for,
+    warnings_of,
+)
 
 redis = pytest.importorskip("redis")
 zstandard = pytest.importorskip("zstandard")
 
 pytestmark = pytest.mark.redis
-
-LOGGER = "tuneforge.store.remote"
-KEY = "selkey-0123456789abcdef"
-ART = "cppabcdefghijklmnop234567"
-
-
-def record(key: str = KEY, choice: str = "c1", median_ms: float = 1.5) -> Record:
-    return Record(key=key, choice=choice, op="mm", choice_name=f"tile-{choice}", status="ok",
-                  median_ms=median_ms, min_ms=median_ms * 0.9, count=7, method="cpu", params={"tile": 16},
-                  inputs='[["f32",[64,64]]]', system="sys1", info={"note": "x"}, created=1700000000.25)
-
-
-def elf_library(size: int = 23000) -> bytes:
-    """A file that reads as a shared library of this machine (a real one's ELF header) and is random after it."""
-    with open(_ctypes.__file__, "rb") as f:
-        header = f.read(64)
-    return header + os.urandom(3000) + bytes(size - 3064)
-
-
-def artifact(key: str = ART, files: dict[str, bytes] | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
-    files = files if files is not None else {"kernel.so": elf_library(),
-                                             "source.cpp": b"extern \"C\" void k() {}\n"}
-    table = {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
-    return make_manifest(key, table, {"lang": "c++"}, {"source": "abc", "flags": ["-O3"]}), files
 
 
 def rkey(kind: str, key: str, namespace: str = "tuneforge") -> bytes:
@@ -70,47 +49,12 @@ def zd(payload: bytes) -> bytes:
     return bytes(zstandard.ZstdDecompressor().decompress(payload))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings() -> None:
-    warn_once.forget()  # one warning per process per kind: each test starts with none given
-
-
-@pytest.fixture
-def make_cache() -> Iterator[Callable[..., RemoteCache]]:
-    made: list[RemoteCache] = []
-
-    def make(url: str, **kwargs: Any) -> RemoteCache:
-        cache = RemoteCache(url, **kwargs)
-        made.append(cache)
-        return cache
-
-    yield make
-    for cache in made:
-        cache.close()
-
-
 @pytest.fixture
 def raw(redis_clean: str) -> Iterator[Any]:
     """A plain redis-py client on the session server, for reading and tampering with values."""
     client = redis.Redis.from_url(redis_clean)
     yield client
     client.close()
-
-
-def is_available(cache: RemoteCache) -> bool:
-    return cache.available
-
-
-def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 20.0) -> None:
-    """Poll until ``condition()`` holds: a generous deadline instead of a fixed sleep (the CI machine is loaded)."""
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {deadline_s}s waiting for {what}"
-        time.sleep(0.02)
-
-
-def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
 
 
 # ----------------------------------------------------------------------------------------- round trips
@@ -131,34 +75,6 @@ def test_records_round_trip_between_instances(redis_clean: str, raw: Any,
     assert [r["choice"] for r in json.loads(zd(value[4:]))] == ["c1", "c2"]
     # another namespace is another cache
     assert make_cache(redis_clean, namespace="other-team").get_records(KEY) is None
-
-
-def test_a_process_exiting_right_after_its_puts_still_delivers_them(redis_clean: str,
-                                                                    make_cache: Callable[..., RemoteCache]) -> None:
-    # No flush() in the child: the atexit hook must drain the write-behind queue before the process ends.
-    run_python(f"""
-        import os
-        from tuneforge.store.entry import make_manifest
-        from tuneforge.store.records import Record
-        from tuneforge.store.remote import RemoteCache
-        import hashlib
-
-        cache = RemoteCache({redis_clean!r})
-        for i in range(50):
-            key = f"proc-a-key-{{i:03d}}"
-            cache.put_records(key, [Record(key=key, choice="c", op="mm", choice_name="n", status="ok",
-                                           median_ms=float(i))])
-        data = os.urandom(1 << 21)
-        manifest = make_manifest("artproca0000000", {{"payload.bin": {{"size": len(data),
-                                 "sha256": hashlib.sha256(data).hexdigest()}}}}, {{}}, {{}})
-        cache.put_artifact("artproca0000000", manifest, {{"payload.bin": data}})
-    """)
-    reader = make_cache(redis_clean)
-    for i in range(50):
-        got = reader.get_records(f"proc-a-key-{i:03d}")
-        assert got is not None and got[0].median_ms == float(i)
-    entry = reader.get_artifact("artproca0000000")
-    assert entry is not None and len(entry[1]["payload.bin"]) == 1 << 21
 
 
 def test_artifact_round_trip_and_checksum_tamper(redis_clean: str, raw: Any, make_cache: Callable[..., RemoteCache],
@@ -326,170 +242,6 @@ def test_ttl_expiry(redis_clean: str, raw: Any, make_cache: Callable[..., Remote
     assert short.get_records("kept-key-00000000") is not None
 
 
-# -------------------------------------------------------------------------------------- concurrency
-
-def test_four_processes_putting_at_once_lose_nothing(redis_clean: str, make_cache: Callable[..., RemoteCache],
-                                                     tmp_path: Any) -> None:
-    code = textwrap.dedent("""
-        import json, sys
-        from tuneforge.store.records import Record
-        from tuneforge.store.remote import RemoteCache
-
-        url, worker = sys.argv[1], int(sys.argv[2])
-        cache = RemoteCache(url)
-        for i in range(50):
-            key = f"w{worker}-key-{i:03d}"
-            records = [Record(key=key, choice=f"c{j}", op="mm", choice_name="n", status="ok",
-                              median_ms=worker + i / 100 + j) for j in range(2)]
-            cache.put_records(key, records)
-        assert cache.flush(20)
-        print(json.dumps(cache.stats.to_json()))
-    """)
-    procs = [subprocess.Popen([sys.executable, "-c", code, redis_clean, str(w)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for w in range(4)]
-    outputs = [p.communicate(timeout=60) for p in procs]
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err
-    reader = make_cache(redis_clean)
-    stats = [json.loads(out) for out, _ in outputs]
-    assert [(s["puts"], s["dropped"], s["errors"]) for s in stats] == [(50, 0, 0)] * 4
-    for w in range(4):
-        for i in range(50):
-            got = reader.get_records(f"w{w}-key-{i:03d}")
-            assert got is not None and [r.choice for r in got] == ["c0", "c1"], (w, i)
-            assert got[0].median_ms == pytest.approx(w + i / 100)
-    assert reader.stats.hits == 200
-
-
-def _forked_child(cache: RemoteCache, key: str) -> None:
-    cache.put_records(key, [record(key)])
-    assert cache.flush(5)
-    assert cache.get_records(key) == [record(key)], cache.stats
-
-
-def test_a_forked_child_can_use_its_parents_cache(redis_clean: str, make_cache: Callable[..., RemoteCache]) -> None:
-    import multiprocessing
-
-    cache = make_cache(redis_clean)
-    for i in range(100):  # the writer thread is busy when the children are forked
-        cache.put_records(f"parent-key-{i:04d}", [record(f"parent-key-{i:04d}")])
-    children = [multiprocessing.get_context("fork").Process(target=_forked_child, args=(cache, f"child-key-{i:04d}"))
-                for i in range(3)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(20)
-    assert [child.exitcode for child in children] == [0, 0, 0]
-    assert cache.flush(5) and cache.stats.puts == 100
-    reader = make_cache(redis_clean)
-    assert all(reader.get_records(f"child-key-{i:04d}") is not None for i in range(3))
-
-
-def test_full_queue_drops_without_blocking(redis_private: RedisServer,
-                                           make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_private.url, queue_size=1, timeout_s=20)
-    assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(4000)
-    start = time.monotonic()
-    for i in range(5):
-        cache.put_records(f"key-{i:010d}", [record(f"key-{i:010d}")])
-    # The puts returned while the paused server held the writer: they did not wait for it.
-    assert time.monotonic() - start < 2.0 and not cache.flush(0)
-    assert cache.flush(20)
-    assert cache.stats.dropped >= 3 and cache.stats.puts + cache.stats.dropped == 5
-
-
-# ------------------------------------------------------------------------------------------- outages
-
-def test_outage_opens_the_breaker_and_recovery_closes_it(redis_private: RedisServer,
-                                                         make_cache: Callable[..., RemoteCache],
-                                                         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    cache = make_cache(redis_private.url, retry_s=2.0, timeout_s=0.3)
-    cache.put_records(KEY, [record()])
-    assert cache.flush(5) and cache.get_records(KEY) is not None
-
-    redis_private.kill()
-    results = [cache.get_records(KEY) for _ in range(10)] + [cache.get_artifact(ART) for _ in range(10)]
-    assert results == [None] * 20
-    assert cache.stats.errors >= 1 and cache.stats.errors + cache.stats.skipped == 20
-    assert cache.stats.skipped >= 15  # the breaker, not 20 failing calls
-    assert not is_available(cache)
-    cache.put_records(KEY, [record()])  # dropped at once, no exception
-    cache.put_artifact(ART, *artifact())
-    assert cache.flush(2)
-    assert cache.stats.dropped == 2
-    assert len(warnings_of(caplog)) == 1  # one warning for the whole outage
-    assert "failed" in warnings_of(caplog)[0] and "local caches only" in warnings_of(caplog)[0]
-
-    redis_private.restart()
-    wait_for(lambda: is_available(cache), "retry_s to pass")
-    assert cache.get_records(KEY) is None  # the trial call: reaches the (new, empty) server
-    assert is_available(cache)
-    cache.put_records(KEY, [record()])
-    assert cache.flush(5)
-    assert cache.get_records(KEY) == [record()]
-    assert len(warnings_of(caplog)) == 1
-    assert any("is back" in r.getMessage() for r in caplog.records if r.name == LOGGER)
-
-
-def test_failed_trial_call_keeps_the_breaker_open(redis_private: RedisServer,
-                                                  make_cache: Callable[..., RemoteCache],
-                                                  caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-    cache = make_cache(redis_private.url, retry_s=1.0, timeout_s=0.3)
-    redis_private.kill()
-    assert cache.get_records(KEY) is None  # error: open
-    assert not is_available(cache)
-    wait_for(lambda: is_available(cache), "retry_s to pass")
-    assert cache.get_records(KEY) is None  # the trial fails: open again
-    assert cache.get_records(KEY) is None  # skipped
-    assert (cache.stats.errors, cache.stats.skipped) == (2, 1)
-    assert len(warnings_of(caplog)) == 1
-
-
-def test_server_killed_mid_call(redis_private: RedisServer, make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_private.url, timeout_s=60)
-    assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(60000)
-    result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(cache.get_records(KEY)))
-    thread.start()
-    wait_for(cache._read_lock.locked, "the get to be waiting for its reply")
-    start = time.monotonic()
-    redis_private.kill()
-    thread.join(30)
-    assert not thread.is_alive() and result == [None]
-    assert time.monotonic() - start < 30  # the kill ended it, not the 60 s time-out or pause
-    assert cache.stats.errors == 1
-
-
-def test_slow_server_times_out(redis_private: RedisServer, make_cache: Callable[..., RemoteCache],
-                               caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-    cache = make_cache(redis_private.url, timeout_s=0.2)
-    assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(20000)
-    start = time.monotonic()
-    assert cache.get_records(KEY) is None
-    assert time.monotonic() - start < 10.0  # the 0.2 s time-out ended it, far before the 20 s pause
-    assert cache.stats.errors == 1
-    assert len(warnings_of(caplog)) == 1 and "Timeout" in warnings_of(caplog)[0]
-
-
-def test_unreachable_url(make_cache: Callable[..., RemoteCache], caplog: pytest.LogCaptureFixture) -> None:
-    from .redis_server import free_port
-
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-    cache = make_cache(f"redis://user:hunter2@127.0.0.1:{free_port()}/0?password=hunter2", timeout_s=0.2)
-    assert cache.get_records(KEY) is None
-    cache.put_records(KEY, [record()])
-    assert cache.flush(2)
-    assert cache.stats.errors == 1 and cache.stats.dropped == 1
-    assert len(warnings_of(caplog)) == 1
-    assert "hunter2" not in warnings_of(caplog)[0]
-
-
 # ------------------------------------------------------------------------------------------ limits
 
 def test_oversized_artifact_is_not_stored(redis_clean: str, raw: Any, make_cache: Callable[..., RemoteCache]) -> None:
@@ -507,36 +259,6 @@ def test_oversized_artifact_is_not_stored(redis_clean: str, raw: Any, make_cache
     raw.set(rkey("art", "cppbigbigbigbig0000"), b"TFU1" + os.urandom(20000))
     assert cache.get_artifact("cppbigbigbigbig0000") is None
     assert cache.stats.rejected == 1
-
-
-# ------------------------------------------------------------------------------------- write-behind
-
-def test_put_does_not_wait_for_the_server(redis_private: RedisServer,
-                                          make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_private.url, timeout_s=20)
-    assert cache.get_records(KEY) is None  # connected
-    redis_private.pause(4000)
-    start = time.monotonic()
-    cache.put_records(KEY, [record()])
-    cache.put_artifact(ART, *artifact())
-    assert time.monotonic() - start < 2.0  # a round trip takes 4 s now
-    assert not cache.flush(0)  # still waiting for the paused server
-    assert cache.flush(30)
-    assert time.monotonic() - start > 2.0
-    assert cache.stats.puts == 2 and cache.stats.errors == 0
-    assert cache.get_records(KEY) == [record()]
-
-
-def test_close_stops_everything(redis_clean: str, make_cache: Callable[..., RemoteCache]) -> None:
-    cache = make_cache(redis_clean)
-    cache.put_records(KEY, [record()])
-    cache.close()  # flushes first
-    assert cache.stats.puts == 1
-    assert not cache.available
-    assert cache.get_records(KEY) is None
-    cache.put_records(KEY, [record()])
-    assert cache.stats.dropped == 1 and cache.stats.skipped == 1
-    assert make_cache(redis_clean).get_records(KEY) == [record()]
 
 
 # -------------------------------------------------------------------------------------- construction

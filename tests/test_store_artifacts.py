@@ -1,21 +1,16 @@
-"""Tests of the artifact store: round trips, races between real processes, crashes, corruption, eviction."""
+"""Tests of the artifact store: round trips, eviction, stats, bad input, and a model-based property test.
+
+Races and crashes are in test_store_artifacts_concurrency.py, corruption in test_store_artifacts_corruption.py."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import textwrap
-import threading
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,56 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuneforge.store import entry as entry_mod
-from tuneforge.store import fsutil as fs
 from tuneforge.store.artifacts import ArtifactStore, StoreError, validate_key
 
-KEY = "ab12cd34ef56"
-KEY2 = "ab99cd34ef56"
-
-_PRELUDE = """
-import sys, time, pathlib
-from tuneforge.store.artifacts import ArtifactStore
-root, work = sys.argv[1], pathlib.Path(sys.argv[2])
-"""
-
-
-def _script(body: str) -> str:
-    return _PRELUDE + textwrap.dedent(body)
-
-
-def _spawn(body: str, *args: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", _script(body), *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _run(body: str, *args: object) -> str:
-    proc = subprocess.run([sys.executable, "-c", _script(body), *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"timed out waiting for {path}"
-        time.sleep(0.01)
+from .artifact_store_helpers import (
+    KEY,
+    KEY2,
+    file_writer,
+    root_fixture,  # noqa: F401 (the `root` fixture)
+    run_script,
+)
 
 
 def _disk_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in (root / "entries").rglob("*") if p.is_file())
-
-
-def _writer(name: str, data: bytes) -> Callable[[Path], Mapping[str, Any] | None]:
-    def build(staging: Path) -> None:
-        (staging / name).write_bytes(data)
-    return build
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "store"
 
 
 # ------------------------------------------------------------------------------------------ basics
@@ -171,7 +129,7 @@ def test_build_failure_publishes_nothing(root: Path) -> None:
     assert store.get(KEY) is None and store.keys() == []
     assert list((root / "tmp").iterdir()) == []
     # The lock was released: a second build goes through at once.
-    assert store.get_or_build(KEY, _writer("ok.o", b"ok")).file("ok.o").read_bytes() == b"ok"
+    assert store.get_or_build(KEY, file_writer("ok.o", b"ok")).file("ok.o").read_bytes() == b"ok"
 
 
 def test_build_leaving_a_subdirectory_is_rejected(root: Path) -> None:
@@ -179,236 +137,6 @@ def test_build_leaving_a_subdirectory_is_rejected(root: Path) -> None:
     with pytest.raises(StoreError, match="'sub'"):
         store.get_or_build(KEY, lambda d: (d / "sub").mkdir())
     assert store.keys() == [] and list((root / "tmp").iterdir()) == []
-
-
-# ------------------------------------------------------------------------------------- concurrency
-
-_BUILDER = """
-i = sys.argv[3]
-(work / f"ready.{i}").touch()
-while not (work / "go").exists():
-    time.sleep(0.002)
-
-def build(staging):
-    with open(work / "builds.txt", "a") as f:
-        f.write(i + "\\n")
-    time.sleep(0.3)
-    (staging / "out.bin").write_bytes(b"payload-" * 4096)
-    return {"builder": i}
-
-entry = ArtifactStore(root).get_or_build(sys.argv[4], build)
-import hashlib
-print(hashlib.sha256(entry.file("out.bin").read_bytes()).hexdigest(), entry.meta["builder"])
-"""
-
-
-def test_concurrent_processes_build_once(root: Path, tmp_path: Path) -> None:
-    n = 8
-    procs = [_spawn(_BUILDER, root, tmp_path, i, KEY) for i in range(n)]
-    try:
-        for i in range(n):
-            _wait_for(tmp_path / f"ready.{i}")
-        (tmp_path / "go").touch()
-        outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
-    builds = (tmp_path / "builds.txt").read_text().split()
-    assert len(builds) == 1
-    results = {out.strip() for out, _ in outputs}
-    assert results == {f"{hashlib.sha256(b'payload-' * 4096).hexdigest()} {builds[0]}"}
-    stats = ArtifactStore(root).stats()
-    assert (stats.misses, stats.hits, stats.puts, stats.entries) == (1, n - 1, 1, 1)
-
-
-def test_concurrent_threads_build_once(root: Path) -> None:
-    store = ArtifactStore(root)
-    builds: list[int] = []
-    barrier = threading.Barrier(6)
-    results: list[bytes] = []
-
-    def build(staging: Path) -> None:
-        builds.append(1)
-        time.sleep(0.2)
-        (staging / "x").write_bytes(b"threaded")
-
-    def worker() -> None:
-        barrier.wait()
-        results.append(store.get_or_build(KEY, build).file("x").read_bytes())
-
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert builds == [1] and results == [b"threaded"] * 6
-
-
-_KILLED_WRITER = """
-def build(staging):
-    with open(staging / "big.bin", "wb") as f:
-        f.write(b"x" * 100_000)
-        f.flush()
-        (work / "ready").touch()
-        time.sleep(120)
-
-ArtifactStore(root).get_or_build(sys.argv[3], build)
-"""
-
-
-def test_writer_killed_mid_put_leaves_nothing_visible(root: Path, tmp_path: Path) -> None:
-    proc = _spawn(_KILLED_WRITER, root, tmp_path, KEY)
-    try:
-        _wait_for(tmp_path / "ready")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        proc.kill()
-    assert proc.returncode == -signal.SIGKILL
-
-    store = ArtifactStore(root, lock_timeout_s=0.5)
-    assert store.get(KEY) is None and store.keys() == [] and not store.contains(KEY)
-    leftovers = [p.name for p in (root / "tmp").iterdir()]
-    assert len(leftovers) == 1 and leftovers[0].startswith(f"{KEY}.") and f".{proc.pid}." in leftovers[0]
-    # The kernel released the dead writer's flock.
-    fd = os.open(root / "locks" / KEY[:2] / f"{KEY}.lock", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-    assert store.cleanup_temp() == 1
-    assert list((root / "tmp").iterdir()) == []
-    entry = store.get_or_build(KEY, _writer("big.bin", b"y" * 10))
-    assert entry.file("big.bin").read_bytes() == b"y" * 10
-    assert store.put(KEY2, {"f": b"z"}).file("f").read_bytes() == b"z"
-
-
-def test_cleanup_temp_rules(root: Path) -> None:
-    store = ArtifactStore(root)
-    tmp = root / "tmp"
-    tmp.mkdir(parents=True)
-    mine = tmp / f"{KEY}.{fs.hostname()}.{os.getpid()}.aaaa"  # live writer: kept
-    elsewhere_new = tmp / f"{KEY}.otherhost.1.bbbb"  # other host, recent: kept
-    elsewhere_old = tmp / f"{KEY}.otherhost.1.cccc"  # other host, old: removed
-    stray_old = tmp / "junk"  # not a staging name, old: removed
-    for p in (mine, elsewhere_new, elsewhere_old):
-        p.mkdir()
-    stray_old.write_bytes(b"")
-    old = time.time() - 7200
-    for p in (elsewhere_old, stray_old):
-        os.utime(p, (old, old))
-    assert store.cleanup_temp(max_age_s=3600) == 2
-    assert sorted(p.name for p in tmp.iterdir()) == sorted([mine.name, elsewhere_new.name])
-
-
-def test_lock_timeout_names_key_and_lock(root: Path, tmp_path: Path) -> None:
-    holder = _spawn(_KILLED_WRITER, root, tmp_path, KEY)
-    try:
-        _wait_for(tmp_path / "ready")
-        store = ArtifactStore(root, lock_timeout_s=0.5)
-        start = time.monotonic()
-        with pytest.raises(StoreError) as info:
-            store.get_or_build(KEY, _writer("a", b"a"))
-        elapsed = time.monotonic() - start
-    finally:
-        holder.kill()
-        holder.wait(30)
-    assert 0.45 <= elapsed < 5
-    assert KEY in str(info.value) and str(root / "locks" / KEY[:2] / f"{KEY}.lock") in str(info.value)
-
-
-# -------------------------------------------------------------------------------------- corruption
-
-
-def _corrupt(path: Path, how: str) -> None:
-    data_file = path / "data.bin"
-    if how == "flip":
-        data = bytearray(data_file.read_bytes())
-        data[1234] ^= 0x01
-        data_file.write_bytes(bytes(data))
-    elif how == "truncate":
-        data_file.write_bytes(data_file.read_bytes()[:-10])
-    elif how == "delete":
-        data_file.unlink()
-    elif how == "garbage_manifest":
-        (path / "manifest.json").write_bytes(b"{not json")
-    elif how == "wrong_key_manifest":
-        manifest = json.loads((path / "manifest.json").read_text())
-        manifest["key"] = KEY2
-        (path / "manifest.json").write_text(json.dumps(manifest))
-    else:  # pragma: no cover
-        raise AssertionError(how)
-
-
-@pytest.mark.parametrize("how", ["flip", "truncate", "delete", "garbage_manifest", "wrong_key_manifest"])
-def test_corruption_is_a_miss_and_is_rebuilt(root: Path, how: str) -> None:
-    payload = os.urandom(5000)
-    writer = ArtifactStore(root)
-    entry = writer.put(KEY, {"data.bin": payload, "other.txt": "ok"})
-    _corrupt(entry.path, how)
-
-    store = ArtifactStore(root)  # a new instance has not verified anything yet
-    assert store.get(KEY) is None
-    assert not entry.path.exists() and store.keys() == []
-    assert not any((root / "tmp").iterdir()), "the bad entry must be deleted, not just moved"
-    stats = store.stats()
-    assert (stats.corrupt, stats.misses, stats.hits) == (1, 1, 0)
-    # The tracked total may drift by what the corruption changed on disk; prune() recomputes it.
-    assert store.prune().remaining_bytes == 0 == store.stats().bytes
-
-    calls: list[int] = []
-
-    def build(staging: Path) -> None:
-        calls.append(1)
-        (staging / "data.bin").write_bytes(payload)
-
-    rebuilt = store.get_or_build(KEY, build)
-    assert calls == [1] and rebuilt.file("data.bin").read_bytes() == payload
-    assert ArtifactStore(root).get(KEY) is not None
-
-
-def test_corruption_detected_in_fresh_process(root: Path, tmp_path: Path) -> None:
-    ArtifactStore(root).put(KEY, {"data.bin": os.urandom(5000)})
-    _corrupt(root / "entries" / KEY[:2] / KEY, "flip")
-    out = _run("s = ArtifactStore(root)\nprint(s.get(sys.argv[3]) is None, s.stats().corrupt)",
-               root, tmp_path, KEY)
-    assert out.split() == ["True", "1"]
-    assert ArtifactStore(root).keys() == []
-
-
-def test_corruption_detected_inside_get_or_build(root: Path) -> None:
-    ArtifactStore(root).put(KEY, {"data.bin": b"a" * 3000})
-    _corrupt(root / "entries" / KEY[:2] / KEY, "flip")
-    store = ArtifactStore(root)
-    entry = store.get_or_build(KEY, _writer("data.bin", b"a" * 3000))
-    assert entry.file("data.bin").read_bytes() == b"a" * 3000
-    stats = store.stats()
-    assert (stats.corrupt, stats.misses, stats.puts) == (1, 1, 2)
-
-
-def test_verification_is_cached_per_instance(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = ArtifactStore(root)
-    store.put(KEY, {"data.bin": b"q" * 10_000})
-    hashed: list[Path] = []
-    real = entry_mod.hash_file
-
-    def counting(path: Path, *, fsync: bool = False) -> tuple[int, str]:
-        hashed.append(path)
-        return real(path, fsync=fsync)
-
-    monkeypatch.setattr(entry_mod, "hash_file", counting)
-    for _ in range(3):
-        assert store.get(KEY) is not None
-    assert hashed == [], "the writer already knows its entry is good"
-    other = ArtifactStore(root)
-    for _ in range(3):
-        assert other.get(KEY) is not None
-    assert len(hashed) == 1, "a new instance verifies once, then trusts its cache"
-    # A size change is still caught cheaply, even by an instance that verified the entry.
-    _corrupt(root / "entries" / KEY[:2] / KEY, "truncate")
-    assert other.get(KEY) is None and other.stats().corrupt == 1
 
 
 # ---------------------------------------------------------------------------------------- eviction
@@ -469,8 +197,8 @@ s.get("aaaa0000" + sys.argv[3]); s.get("bbbb0000" + sys.argv[3]); s.get("cccc000
 def test_stats_persist_across_processes(root: Path, tmp_path: Path) -> None:
     store = ArtifactStore(root)
     store.get(KEY)  # a pending miss in this process
-    _run(_STATS_CHILD, root, tmp_path, "one")
-    _run(_STATS_CHILD, root, tmp_path, "two")
+    run_script(_STATS_CHILD, root, tmp_path, "one")
+    run_script(_STATS_CHILD, root, tmp_path, "two")
     stats = store.stats()
     assert (stats.puts, stats.hits, stats.misses, stats.entries) == (4, 4, 3, 4)
     assert stats.bytes == _disk_bytes(root)
@@ -502,7 +230,7 @@ BAD_KEYS = ["short", "Upper-case-key", "../../etc/passwd", "a" * 129, "-leading-
 def test_bad_keys_are_rejected(root: Path, key: str) -> None:
     store = ArtifactStore(root)
     for call in (lambda: store.get(key), lambda: store.put(key, {"a": b""}), lambda: store.remove(key),
-                 lambda: store.contains(key), lambda: store.get_or_build(key, _writer("a", b""))):
+                 lambda: store.contains(key), lambda: store.get_or_build(key, file_writer("a", b""))):
         with pytest.raises(StoreError) as info:
             call()
         assert repr(key) in str(info.value)
