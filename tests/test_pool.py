@@ -18,12 +18,14 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tuneforge import config
+from tuneforge.compile import builders
 from tuneforge.compile import pool as pool_module
 from tuneforge.compile.cpp import CppBuild
 from tuneforge.compile.pool import BuildPool, BuildResult, default_pool
@@ -283,6 +285,35 @@ def test_a_worker_dead_before_starting_a_task_is_not_blamed_on_it(cxx: Path, mak
         poison.result(timeout=PATIENCE)
     assert ctypes.CDLL(pool.submit(CppBuild(source(61))).result(timeout=PATIENCE).library_path).value_61() == 61
     assert compiles(cxx) == 1  # the poisoned build never reached a compiler
+
+
+@dataclass(frozen=True)
+class NoteBuild:
+    """A kind of build of this test's own: writes its text to a file (registered below)."""
+
+    text: str
+    directory: str
+
+
+def _build_note(build: NoteBuild) -> tuple[str, Path, bool]:
+    path = Path(build.directory) / f"{os.getpid()}-{build.text}.txt"
+    path.write_text(build.text)
+    return f"note{build.text}", path, True
+
+
+builders.register(NoteBuild, lambda build: f"note{build.text}", _build_note)
+
+
+def test_other_kinds_of_build_run_in_the_workers_too(cache_dir: Path, tmp_path: Path,
+                                                     make_pool: Callable[..., BuildPool]) -> None:
+    pool = make_pool(workers=2, start_method="fork")
+    first, again = pool.submit(NoteBuild("a", str(tmp_path))), pool.submit(NoteBuild("a", str(tmp_path)))
+    assert first is again  # de-duplicated by the key its builder gives
+    result = first.result(timeout=PATIENCE)
+    assert (result.key, Path(result.path).read_text()) == ("notea", "a")
+    assert Path(result.path).name.split("-")[0] != str(os.getpid())  # built in a worker
+    with pytest.raises(TypeError, match=r"builds .*CppBuild.*NoteBuild.*not str"):
+        pool.submit("a")  # type: ignore[arg-type]
 
 
 CHILD = """

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from tuneforge import config
+from tuneforge.compile import builders
 from tuneforge.compile.toolchain import Toolchain, default_toolchain, run_command
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
@@ -211,6 +212,14 @@ def build(build: CppBuild) -> CppArtifact:
 
     entry = artifact_tiers.get_or_build(key, run_compiler, key_inputs=material)  # local, remote, else compiled
     return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
+
+
+def _build_for_pool(request: CppBuild) -> tuple[str, Path, bool]:
+    artifact = build(request)
+    return artifact.key, artifact.library_path, artifact.compiled
+
+
+builders.register(CppBuild, lambda request: artifact_key(request)[0], _build_for_pool)
 
 
 _libraries: dict[tuple[Any, ...], tuple[Any, str]] = {}  # memo -> (loaded library or module, artifact key)

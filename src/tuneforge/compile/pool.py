@@ -4,8 +4,8 @@
     future = pool.submit(CppBuild(source))         # Future[BuildResult]
     results = pool.build_all([("a", build_a), ("b", build_b)])   # label -> BuildResult or exception
 
-Each task is ``cpp.build()`` in a worker process, under a snapshot of the submitting process's
-settings taken at ``submit()``.  Builds are de-duplicated by their artifact key (computed in the
+Each task is one build in a worker process (``cpp.build()`` for a `CppBuild`; other kinds register
+in builders.py), under a snapshot of the submitting process's settings taken at ``submit()``.  Builds are de-duplicated by their artifact key (computed in the
 submitting process): submitting a key that is pending or built returns the same Future; a failed one
 is forgotten so that a later submit retries.  Across processes the store's per-key lock makes sure a
 key is compiled once.
@@ -44,8 +44,8 @@ from types import TracebackType
 from typing import Any
 
 from tuneforge import config
-from tuneforge.compile import cpp
-from tuneforge.compile.cpp import CppBuild
+from tuneforge.compile import cpp  # noqa: F401  (registers CppBuild with the builders)
+from tuneforge.compile.builders import builder_for
 from tuneforge.compile.pool_crew import Crew
 from tuneforge.compile.pool_task import Task, resolve
 from tuneforge.compile.pool_worker import BuildResult
@@ -64,7 +64,7 @@ _pools: weakref.WeakSet[BuildPool] = weakref.WeakSet()
 
 
 class BuildPool:
-    """Builds `CppBuild`s in worker processes; see the module documentation."""
+    """Runs builds (`CppBuild` and the other kinds of builders.py) in worker processes; see the module."""
 
     def __init__(self, workers: int | None = None, *, start_method: str | None = None) -> None:
         if start_method is not None:
@@ -117,15 +117,15 @@ class BuildPool:
 
     # ------------------------------------------------------------------------------------ submitting
 
-    def submit(self, build: CppBuild, *, label: str = "") -> Future[BuildResult]:
-        """Build `build` in a worker; the same artifact key pending or built returns the same Future."""
-        if not isinstance(build, CppBuild):
-            raise TypeError(f"submit() takes a CppBuild, not {type(build).__name__}")
+    def submit(self, build: object, *, label: str = "") -> Future[BuildResult]:
+        """Build `build` (a `CppBuild`, or a build of another kind in builders.py) in a worker; the same
+        artifact key pending or built returns the same Future."""
+        builder = builder_for(build)  # TypeError for anything else
         if not self.owned_here():
             raise RuntimeError("this BuildPool belongs to the parent process of a fork; "
                                "create a new one (default_pool() does)")
         try:
-            key, _ = cpp.artifact_key(build)
+            key = builder.key(build)
             settings = settings_snapshot()
             limit = config.get_float("compile_timeout_s") + TIMEOUT_GRACE_S
             memo_key = (key, str(config.get_path("cache_dir")))
@@ -147,7 +147,7 @@ class BuildPool:
         future.add_done_callback(functools.partial(self._on_future_done, memo_key))
         return future
 
-    def build_all(self, builds: Sequence[tuple[str, CppBuild]], *,
+    def build_all(self, builds: Sequence[tuple[str, object]], *,
                   progress: bool | None = None) -> dict[str, BuildResult | BaseException]:
         """Build everything in parallel and wait: label -> result, or the exception of that build.
 

@@ -7,7 +7,6 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
-from tuneforge.compile.cpp import CppBuild
 from tuneforge.compile.pool_worker import BuildResult
 
 
@@ -17,7 +16,7 @@ class Task:
 
     key: str
     label: str
-    build: CppBuild
+    build: object  # a build of a registered kind (builders.py), e.g. a CppBuild
     settings: dict[str, Any]
     limit_s: float  # compile_timeout_s + TIMEOUT_GRACE_S
     future: Future[BuildResult]

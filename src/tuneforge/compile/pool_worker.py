@@ -1,4 +1,4 @@
-"""The worker side of the build pool: one ``cpp.build()`` per task, announced before it starts.
+"""The worker side of the build pool: one build per task (see builders.py), announced before it starts.
 
 A worker reads tasks from its end of a pipe: ``(run, build, settings)``.  It answers ``("started",
 run)`` as it begins (the pool counts the task's deadline from then, not from a slow worker start) and
@@ -21,8 +21,7 @@ from types import FrameType
 from typing import Any
 
 from tuneforge import config
-from tuneforge.compile import cpp
-from tuneforge.compile.cpp import CppBuild
+from tuneforge.compile.builders import builder_for
 from tuneforge.supervisor import STOP_GRACE_S, applied_settings, die_with_parent, kill_children
 
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)
@@ -31,9 +30,14 @@ TERMINATED_EXIT = 128 + int(signal.SIGTERM)
 @dataclass(frozen=True)
 class BuildResult:
     key: str  # artifact key in the store
-    library_path: str  # absolute path of the built library (or extension module) in the store
+    path: str  # absolute path of the artifact's main file in the store (a C++ build's library)
     compiled: bool  # this build ran the compiler (False: found in the store)
     seconds: float  # time of the build in the worker
+
+    @property
+    def library_path(self) -> str:
+        """A C++ build's library (or extension module): its `path`."""
+        return self.path
 
 
 _in_task = False
@@ -103,23 +107,22 @@ def serve(conn: Connection, parent_pid: int | None) -> None:
             return
 
 
-def run_task(build: CppBuild, settings: dict[str, Any]) -> BuildResult | BaseException:
-    """One cpp.build() under the submitter's settings: its result, or the exception to send back."""
+def run_task(build: object, settings: dict[str, Any]) -> BuildResult | BaseException:
+    """One build under the submitter's settings: its result, or the exception to send back."""
     global _in_task
     _in_task = True
     try:
         started = time.perf_counter()
         with applied_settings(settings):
-            artifact = cpp.build(build)
-            if artifact.compiled and config.get_optional_str("remote.url"):
+            key, path, compiled = builder_for(build).build(build)
+            if compiled and config.get_optional_str("remote.url"):
                 from tuneforge.store.remote import flush_all
                 from tuneforge.store.tiers import remote_stats_file
 
                 # Worker processes end without running atexit hooks: send the shared artifact now.
                 flush_all(timeout=config.get_float("remote.timeout_s") * 4 + 5)
                 remote_stats_file().flush_quietly()
-        return BuildResult(artifact.key, str(artifact.library_path), artifact.compiled,
-                           time.perf_counter() - started)
+        return BuildResult(key, str(path), compiled, time.perf_counter() - started)
     except _Terminated:
         os._exit(TERMINATED_EXIT)
     except BaseException as exc:
