@@ -1,0 +1,125 @@
+"""Timing one choice on a CUDA GPU: CUDA events around each run, the L2 cache flushed between runs.
+
+A run is timed by a pair of CUDA events recorded on the current stream right before and right after
+``fn()``; ``setup()`` (restore outputs, inputs) and the L2 flush (writing a buffer twice the L2 size)
+are queued before the first event, so the timed region holds the kernel's own work and nothing else.
+The events are read once, after all runs, so the host never waits between runs.
+
+How many runs: a first measurement of a few runs estimates one run's time, then the warm-up lasts
+``warmup_s`` and the timed runs ``budget_s`` (at least ``min_repeats``, at most ``max_repeats``), as
+for the CPU benchmark, whose settings (``autotune.*``) they share.
+
+Microsecond kernels: with ``graph=True`` the runs are captured in a CUDA graph, ``GRAPH_BATCH`` calls
+per replay, and a sample is one replay's time divided by the calls in it; launch overhead, which a
+framework-level caller would not pay per kernel, no longer dominates.  ``fn`` must then be capturable
+(no host synchronisation, no allocation), and ``setup`` runs once before the capture only.
+
+torch is imported when a benchmark runs: importing this module costs nothing without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from tuneforge import config
+from tuneforge.tune.bench import Timing
+
+__all__ = ["GRAPH_BATCH", "benchmark_gpu", "l2_flush_bytes", "plan_runs"]
+
+GRAPH_BATCH = 20  # calls captured per graph replay
+_ESTIMATE_RUNS = 3
+_MAX_WARMUP_RUNS = 1000
+_DEFAULT_L2_BYTES = 50 * 2**20  # an H100's L2, when the device does not say
+_flush_buffers: dict[int, Any] = {}  # device index -> int8 tensor
+
+
+def plan_runs(estimate_ms: float, *, warmup_s: float, budget_s: float, min_repeats: int,
+              max_repeats: int) -> tuple[int, int]:
+    """(warm-up runs, timed runs) for a run that takes about `estimate_ms`: the warm-up lasts `warmup_s`
+    (at least one run), the timed runs `budget_s`, within [`min_repeats`, `max_repeats`]."""
+    if max_repeats < 1:
+        raise ValueError(f"benchmark_gpu: max_repeats must be at least 1, not {max_repeats}")
+    per_run_s = max(estimate_ms, 1e-6) / 1e3
+    warmup = min(max(1, math.ceil(warmup_s / per_run_s)), _MAX_WARMUP_RUNS)
+    repeats = min(max(min_repeats, math.ceil(budget_s / per_run_s)), max_repeats)
+    return warmup, max(1, repeats)
+
+
+def l2_flush_bytes(l2_bytes: int | None) -> int:
+    """Bytes written to flush the L2 cache: twice its size (an H100's 50 MiB assumed when unknown)."""
+    return 2 * (l2_bytes or _DEFAULT_L2_BYTES)
+
+
+def _flush_buffer(torch: Any, device: Any) -> Any:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    buffer = _flush_buffers.get(index)
+    if buffer is None:
+        l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", None)
+        buffer = _flush_buffers[index] = torch.empty(l2_flush_bytes(l2), dtype=torch.int8, device=device)
+    return buffer
+
+
+def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
+                  warmup_s: float | None = None, budget_s: float | None = None, min_repeats: int | None = None,
+                  max_repeats: int | None = None, flush_l2: bool | None = None, graph: bool = False,
+                  device: Any = None) -> Timing:
+    """Time ``fn()`` (kernels queued on the current CUDA stream) with CUDA events; see the module."""
+    import torch
+
+    warmup_s = config.get_float("autotune.warmup_s") if warmup_s is None else warmup_s
+    budget_s = config.get_float("autotune.bench_time_s") if budget_s is None else budget_s
+    min_repeats = config.get_int("autotune.min_repeats") if min_repeats is None else min_repeats
+    max_repeats = config.get_int("autotune.max_repeats") if max_repeats is None else max_repeats
+    flush_l2 = config.get_bool("autotune.flush_cache") if flush_l2 is None else flush_l2
+    device = torch.device("cuda") if device is None else torch.device(device)
+    with torch.cuda.device(device):
+        flush = _flush_buffer(torch, device) if flush_l2 else None
+        run = _graph_replay(torch, fn, setup) if graph else fn
+        calls = GRAPH_BATCH if graph else 1
+        before = None if graph else setup
+
+        event: Any = torch.cuda.Event  # untyped in torch's stubs
+
+        def timed(runs: int) -> list[float]:
+            events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(runs)]
+            for start, end in events:
+                if before is not None:
+                    before()
+                if flush is not None:
+                    flush.zero_()
+                start.record()
+                run()
+                end.record()
+            torch.cuda.synchronize()
+            return [start.elapsed_time(end) / calls for start, end in events]
+
+        estimate = sorted(timed(_ESTIMATE_RUNS))[_ESTIMATE_RUNS // 2]
+        warmup, repeats = plan_runs(estimate, warmup_s=warmup_s, budget_s=budget_s, min_repeats=min_repeats,
+                                    max_repeats=max_repeats)
+        for _ in range(warmup):
+            if before is not None:
+                before()
+            run()
+        samples = timed(repeats)
+    method = "cuda-events" + ("+graph" if graph else "") + ("+l2flush" if flush_l2 else "")
+    return Timing.from_samples(samples, method)
+
+
+def _graph_replay(torch: Any, fn: Callable[[], object], setup: Callable[[], object] | None) -> Callable[[], object]:
+    """A function replaying ``GRAPH_BATCH`` captured calls of `fn` (after one `setup` and a warm call)."""
+    if setup is not None:
+        setup()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a call outside capture first: lazy initialisation must not be captured
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_BATCH):
+            fn()
+    replay: Callable[[], object] = graph.replay
+    return replay

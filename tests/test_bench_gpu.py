@@ -1,0 +1,69 @@
+"""The GPU benchmark: the run-count policy everywhere, the CUDA-event timing on a real GPU (marked gpu)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneforge.tune.bench_gpu import GRAPH_BATCH, benchmark_gpu, l2_flush_bytes, plan_runs
+
+
+def test_run_counts_follow_the_time_budget() -> None:
+    # 0.1 ms a run: 20 ms of warm-up is 200 runs, 50 ms of timing 500, capped at max_repeats.
+    assert plan_runs(0.1, warmup_s=0.02, budget_s=0.05, min_repeats=5, max_repeats=10_000) == (200, 500)
+    assert plan_runs(0.1, warmup_s=0.02, budget_s=0.05, min_repeats=5, max_repeats=100) == (200, 100)
+    # A 40 ms kernel: one warm-up run, and min_repeats even though two runs pass the budget.
+    assert plan_runs(40.0, warmup_s=0.02, budget_s=0.05, min_repeats=5, max_repeats=100) == (1, 5)
+    # A kernel reported as taking no time at all does not ask for unbounded runs.
+    warmup, repeats = plan_runs(0.0, warmup_s=0.02, budget_s=0.05, min_repeats=5, max_repeats=100)
+    assert warmup == 1000 and repeats == 100
+    with pytest.raises(ValueError, match="max_repeats"):
+        plan_runs(1.0, warmup_s=0.0, budget_s=0.0, min_repeats=1, max_repeats=0)
+
+
+def test_the_l2_flush_writes_twice_the_cache() -> None:
+    assert l2_flush_bytes(50 * 2**20) == 100 * 2**20
+    assert l2_flush_bytes(None) == l2_flush_bytes(0) == 100 * 2**20  # unknown: an H100's size
+
+
+def _need_cuda() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+def test_a_matmul_is_timed_with_events_and_a_flushed_l2() -> None:
+    _need_cuda()
+    import torch as t
+
+    a = t.randn(2048, 2048, device="cuda", dtype=t.float16)
+    b = t.randn(2048, 2048, device="cuda", dtype=t.float16)
+    small = benchmark_gpu(lambda: a[:256, :256] @ b[:256, :256], budget_s=0.02, warmup_s=0.005,
+                          min_repeats=5, max_repeats=1000)
+    large = benchmark_gpu(lambda: a @ b, budget_s=0.02, warmup_s=0.005, min_repeats=5, max_repeats=1000)
+    assert small.method == large.method == "cuda-events+l2flush"
+    assert 0 < small.min_ms < large.median_ms  # 512x more work takes longer
+    assert 5 <= large.count <= 1000
+    flops = 2 * 2048**3 / (large.median_ms * 1e-3)
+    assert 1e12 < flops < 5e15  # a plausible rate for a GPU, not a host-side launch time
+
+
+@pytest.mark.gpu
+def test_graph_replay_divides_by_the_calls_it_captured() -> None:
+    _need_cuda()
+    import torch as t
+
+    x = t.zeros(1024, device="cuda")
+    calls = []
+
+    def setup() -> None:
+        calls.append("setup")
+
+    timing = benchmark_gpu(lambda: x.add_(1.0), setup=setup, graph=True, flush_l2=False, budget_s=0.01,
+                           warmup_s=0.001, min_repeats=3, max_repeats=50)
+    assert timing.method == "cuda-events+graph"
+    assert calls == ["setup"]  # once, before the capture
+    t.cuda.synchronize()
+    # Every replay ran GRAPH_BATCH captured adds on top of the one warm call outside the capture.
+    assert int(x[0].item()) % GRAPH_BATCH == 1
+    assert timing.median_ms < 0.5  # a tiny add, its launch cost amortised over the batch
