@@ -32,15 +32,30 @@ ACCESSORS: dict[object, str] = {
 }
 
 _COERCERS = {s.name: s.coerce for s in SETTINGS}
-_accessor_of: dict[str, str] = {}  # filled on first use: resolving annotations costs ~20 us a setting
+_accessor_of: dict[str, str] = {}  # filled on first use
+
+
+def _as_text(kind: object) -> str:
+    """A type as a postponed annotation spells it: 'float', 'str | None', 'tuple[Path, ...]'."""
+    return kind.__name__ if isinstance(kind, type) else str(kind).replace("pathlib.", "")
+
+
+# The same table by annotation text: settings_schema and parsing postpone their annotations, and
+# reading the text costs nothing, where resolving it (typing.get_type_hints) costs ~15 us a setting,
+# which a warm start that reads a dozen settings would notice.
+_BY_TEXT = {_as_text(kind): accessor for kind, accessor in ACCESSORS.items()}
 
 
 def accessor_for(name: str) -> str:
     """The name of the `tuneforge.config` function that reads setting `name` (a declared setting)."""
     accessor = _accessor_of.get(name)
     if accessor is None:
-        declared = typing.get_type_hints(_COERCERS[name]).get("return")
-        found = ACCESSORS.get(declared)
+        coerce = _COERCERS[name]
+        declared: object = getattr(coerce, "__annotations__", {}).get("return")
+        found = _BY_TEXT.get(declared) if isinstance(declared, str) else None
+        if found is None:  # not postponed, or spelled another way: resolve it
+            declared = typing.get_type_hints(coerce).get("return")
+            found = ACCESSORS.get(declared)
         if found is None:
             raise TypeError(f"setting {name!r} holds values of type {declared!r}, which no typed accessor "
                             "reads: add one to tuneforge.config_values, or read it with config.get()")

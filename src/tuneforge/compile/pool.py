@@ -5,10 +5,10 @@
     results = pool.build_all([("a", build_a), ("b", build_b)])   # label -> BuildResult or exception
 
 Each task is one build in a worker process (``cpp.build()`` for a `CppBuild`; other kinds register
-in builders.py), under a snapshot of the submitting process's settings taken at ``submit()``.  Builds are de-duplicated by their artifact key (computed in the
-submitting process): submitting a key that is pending or built returns the same Future; a failed one
-is forgotten so that a later submit retries.  Across processes the store's per-key lock makes sure a
-key is compiled once.
+in builders.py), under a snapshot of the submitting process's settings taken at ``submit()``.
+Builds are de-duplicated by their artifact key (computed in the submitting process): submitting a
+key that is pending or built returns the same Future; a failed one is forgotten so that a later
+submit retries.  Across processes the store's per-key lock makes sure a key is compiled once.
 
 Failures stay with their own build: a compile error or a compile time-out (``compile_timeout_s``,
 the compiler's whole process group is killed) fails that Future with a `CompileError`.  The pool
