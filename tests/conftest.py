@@ -22,7 +22,7 @@ from tuneforge import config
 # In CI a missing test dependency fails the run: the tests that need it would otherwise skip, and a
 # green run would hide that nothing of the kind was tested. .ci/run sets CI=true (and installs them).
 CI_COMMANDS = ("g++", "redis-server")
-CI_MODULES = ("torch", "redis", "zstandard")
+CI_MODULES = ("torch", "redis", "zstandard", "triton")
 _IMPORT_PROBE = """
 import importlib, sys
 for name in sys.argv[1:]:
@@ -40,6 +40,10 @@ def missing_test_dependencies() -> list[str]:
     proc = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *CI_MODULES], capture_output=True, text=True,
                           timeout=300)
     missing += proc.stdout.splitlines()
+    from tuneforge.compile.cuda_toolchain import find_nvcc, find_nvrtc
+
+    missing += [f"{name} (the CUDA builder's tests)" for name, path in (("nvcc", find_nvcc()), ("NVRTC", find_nvrtc()))
+                if path is None]
     if proc.returncode != 0:
         missing.append(f"the import check itself failed: {proc.stderr.strip()[-300:]}")
     return missing

@@ -83,7 +83,7 @@ class CppArtifact:
 _digests: dict[str, tuple[tuple[tuple[str, int, int], ...], str]] = {}
 
 
-def _include_dir_digest(directory: str) -> str:
+def include_dir_digest(directory: str) -> str:
     """Content hash of the headers under an include directory; re-read only when a header changed."""
     root = Path(directory)
     if not root.is_dir():
@@ -128,7 +128,7 @@ def compile_command(build: CppBuild, toolchain: Toolchain, source: str, output: 
 
 def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
     """The inputs of an artifact's key; kept in its manifest so `tuneforge cache explain` can diff them."""
-    digests = {d: _include_dir_digest(d) for d in _user_include_dirs(build)}
+    digests = {d: include_dir_digest(d) for d in _user_include_dirs(build)}
     placeholders = {d: f"<include:{digest[:16]}>" for d, digest in digests.items()}
     if build.python_module:
         placeholders[_python_include()] = "<python-include>"
