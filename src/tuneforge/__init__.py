@@ -13,7 +13,7 @@ from tuneforge._version import __version__
 from tuneforge.errors import CompileError, ConfigError, NoValidChoicesError, TemplateError, TuneforgeError
 
 if TYPE_CHECKING:
-    from tuneforge import cpp, python
+    from tuneforge import cpp, cuda, python
     from tuneforge.kernels.gemm import gemm
     from tuneforge.store.shipped import load_bundle
     from tuneforge.tune.autotune import autotune
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tuneforge.tune.select import Selection, select, select_detailed
     from tuneforge.tune.specs import TensorSpec
     from tuneforge.tune.template import KernelTemplate
+    from tuneforge.tune.triton_template import TritonConfig, TritonTemplate
 
 __all__ = [
     "CallableChoice",
@@ -33,11 +34,14 @@ __all__ = [
     "Selection",
     "TemplateError",
     "TensorSpec",
+    "TritonConfig",
+    "TritonTemplate",
     "TuneforgeError",
     "__version__",
     "autotune",
     "config",
     "cpp",
+    "cuda",
     "gemm",
     "load_bundle",
     "python",
@@ -45,7 +49,7 @@ __all__ = [
     "select_detailed",
 ]
 
-_LAZY_MODULES = {"cpp", "python", "hashing"}
+_LAZY_MODULES = {"cpp", "cuda", "python", "hashing"}
 # Public names and the module that defines them, imported on first use so `import tuneforge` stays light.
 _LAZY_NAMES = {
     "autotune": "tuneforge.tune.autotune", "CallableChoice": "tuneforge.tune.choices",
@@ -53,7 +57,8 @@ _LAZY_NAMES = {
     "Selection": "tuneforge.tune.select", "select": "tuneforge.tune.select",
     "select_detailed": "tuneforge.tune.select", "TensorSpec": "tuneforge.tune.specs",
     "KernelTemplate": "tuneforge.tune.template", "gemm": "tuneforge.kernels.gemm",
-    "load_bundle": "tuneforge.store.shipped",
+    "load_bundle": "tuneforge.store.shipped", "TritonTemplate": "tuneforge.tune.triton_template",
+    "TritonConfig": "tuneforge.tune.triton_template",
 }
 
 

@@ -197,7 +197,10 @@ def jit_function(build: TritonBuild) -> Any:
         key = KEY_PREFIX + code_hash(build.source, extra={"kernel": build.kernel, "failed": "import"})
         raise _failure(build, key, build.target, "its source does not import", exc) from exc
     fn = getattr(module, build.kernel, None)
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
+    # Under TRITON_INTERPRET=1 (set when triton was imported) @triton.jit makes an InterpretedFunction.
+    interpreted = getattr(getattr(triton.runtime, "interpreter", None), "InterpretedFunction", None)
+    kinds = (triton.runtime.jit.JITFunction, *((interpreted,) if isinstance(interpreted, type) else ()))
+    if not isinstance(fn, kinds):
         found = "nothing" if fn is None else f"a {type(fn).__name__}"
         raise TritonBuildError(f"TritonBuild.kernel: the source defines no @triton.jit function {build.kernel!r} "
                                f"(found {found})")
