@@ -143,3 +143,22 @@ def test_layers_are_read_from_the_source() -> None:
     assert "tuneforge.store.artifacts" in edges["tuneforge.store.default"]
     assert layer_of("tuneforge.store.records") == "store" and layer_of("tuneforge.config") == "base"
     assert layer_of("tuneforge.cli") == "surface" and layer_of("tuneforge.kernels.gemm.op") == "kernels"
+
+
+def private_imports(path: Path) -> list[str]:
+    """`from tuneforge.x import _name` in the module at `path`: another module's underscore names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{node.module}.{alias.name} (line {node.lineno})" for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuneforge")
+            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = {name: hits for name, path in modules().items() if (hits := private_imports(path))}
+    assert found == {}, "make these public (no leading underscore) or keep them in their module"
+
+
+def test_private_imports_are_found(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from tuneforge.compile.cpp import _hidden, public\nfrom os import _exit\n")
+    assert private_imports(module) == ["tuneforge.compile.cpp._hidden (line 1)"]
