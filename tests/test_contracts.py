@@ -24,6 +24,7 @@ from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
     ChoiceStarted,
+    ContextLost,
     Event,
     InputsReady,
     JobFailed,
@@ -71,13 +72,14 @@ def _record() -> Any:
 
 EXAMPLES = [InputsReady(True), ReferenceRan(None), ReferenceRan("ValueError: no"), ChoiceStarted(2),
             ChoiceResult(2, _record()), ChoiceConfirmed(2, _record()), TrialsDone(0.5, 1.5),
-            JobUnreadable("ModuleNotFoundError: x"), JobFailed("RuntimeError: y")]
+            JobUnreadable("ModuleNotFoundError: x"), JobFailed("RuntimeError: y"),
+            ContextLost(2, "k", "RuntimeError: CUDA error: an illegal memory access was encountered", 0.1, 0.2)]
 
 
 def test_event_kinds_are_the_union_members() -> None:
     assert set(get_args(Event)) == {InputsReady, ReferenceRan, ChoiceStarted, ChoiceResult, ChoiceConfirmed,
                                     TrialsDone}
-    assert set(get_args(WorkerEvent)) == {*get_args(Event), JobUnreadable, JobFailed}
+    assert set(get_args(WorkerEvent)) == {*get_args(Event), JobUnreadable, JobFailed, ContextLost}
     assert {type(e) for e in EXAMPLES} == set(get_args(WorkerEvent))
 
 

@@ -78,5 +78,18 @@ class JobFailed:
     error: str
 
 
-# What a benchmark worker answers to a job: the trials' events, or why it could not run them.
-WorkerEvent: TypeAlias = Event | JobUnreadable | JobFailed
+@dataclass(frozen=True)
+class ContextLost:
+    """Worker only: `culprit` (a choice, or the reference) left the CUDA context unusable with `error`,
+    after its record was sent. The worker exits; a fresh one resumes at choice `resume_at`. Times as in
+    TrialsDone."""
+
+    resume_at: int
+    culprit: str
+    error: str
+    verify_s: float
+    bench_s: float
+
+
+# What a benchmark worker answers to a job: the trials' events, or why it could not run them (or no more).
+WorkerEvent: TypeAlias = Event | JobUnreadable | JobFailed | ContextLost

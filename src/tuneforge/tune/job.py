@@ -7,7 +7,7 @@ the benchmarking machinery.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
@@ -15,6 +15,7 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.store.record import Status
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.device import job_device, on_visible_gpu
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.specs import TensorSpec, example_input
 
@@ -41,6 +42,22 @@ class TrialJob:
     poison_outputs: bool = True
     inputs_text: str = ""
     live_args: list[Any] | None = None
+    # "cpu" or "cuda:N": where the trials run and how they are timed (see device.py). Derived from the
+    # specs (or the live arguments) once, here, so arguments on two GPUs fail when the job is made.
+    device: str = field(init=False, default="cpu", compare=False)
+
+    def __post_init__(self) -> None:
+        specs = [*self.arg_specs, self.out_spec] if self.live_args is None else self.live_args
+        self.device = job_device(specs)
+
+    def for_worker(self) -> TrialJob:
+        """This job as the benchmark worker of its device receives it: a GPU's worker sees that GPU alone, as
+        "cuda:0", so the specs point there; a CPU job is sent as it is. The key and the inputs' text were made
+        here and stay: records name no device, so nothing is mapped back."""
+        if self.device == "cpu":
+            return self
+        out_spec = on_visible_gpu(self.out_spec) if self.out_spec is not None else None
+        return replace(self, arg_specs=[on_visible_gpu(s) for s in self.arg_specs], out_spec=out_spec)
 
     def materialize(self) -> list[Any]:
         """The arguments: the live ones, or example inputs from the specs (seeded, RNG-neutral)."""

@@ -18,6 +18,10 @@ when that cannot work (the main module is not a file: ``python -c``, stdin, a RE
 the import fails) runs those trials here with one warning naming the functions. A job the worker
 cannot read is likewise run here: a failure of the machinery is never recorded as a crash of every
 choice.
+
+There is one worker per device (see device.py): the CPU's, and one per GPU that sees that GPU alone. A
+choice that leaves a GPU's CUDA context unusable (an illegal memory access, say) gets its
+``runtime_error`` record; its worker then exits (ContextLost) and a fresh one runs the remaining choices.
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.supervisor import Supervised, settings_snapshot, stop_all
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.device import worker_env
 from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
     ChoiceStarted,
+    ContextLost,
     Event,
     InputsReady,
     JobFailed,
@@ -59,10 +65,12 @@ _STARTUP_TIMEOUT_S = 120.0
 
 
 class WorkerProcess:
-    """One benchmark worker: a ``python -m tuneforge.tune.worker`` child talking over pipes."""
+    """One benchmark worker: a ``python -m tuneforge.tune.worker`` child talking over pipes, for `device`
+    ("cpu", or "cuda:N": then it sees that GPU alone, as cuda:0)."""
 
-    def __init__(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        env = worker_env(device, os.environ)
         self.proc = subprocess.Popen([sys.executable, "-m", "tuneforge.tune.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, env=env, close_fds=True)
         self.supervised = Supervised(self.proc)
@@ -108,7 +116,7 @@ _main_problem: str | None = None  # why the worker cannot import this process's 
 def _worker(device: str = "cpu") -> WorkerProcess:
     worker = _workers.get(device)
     if worker is None or not worker.alive():
-        worker = _workers[device] = WorkerProcess()
+        worker = _workers[device] = WorkerProcess(device)
     return worker
 
 
@@ -175,13 +183,13 @@ def _load_main(worker: WorkerProcess, main: dict[str, Any]) -> str | None:
         reply = worker.receive(_STARTUP_TIMEOUT_S)
     except ChannelClosed:
         reason = worker.death()
-        _discard()
+        _discard(worker.device)
         return f"the worker was {reason} while importing it"
     except ChannelTimeout:
-        _discard()
+        _discard(worker.device)
         return f"importing it in the worker took longer than {_STARTUP_TIMEOUT_S:g} s"
     if reply[0] != "main" or reply[1] is not None:
-        _discard()  # a half-imported script may have left anything behind: start clean
+        _discard(worker.device)  # a half-imported script may have left anything behind: start clean
         detail = reply[1] if reply[0] == "main" else f"unexpected reply {reply[0]!r}"
         return f"importing it in the worker failed: {detail}"
     worker.main_loaded = True
@@ -209,7 +217,7 @@ def _route(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     problem: str | None = "the main module is not a file (python -c, standard input, an interactive session " \
                           "or a notebook)"
     if main is not None:
-        problem = _main_problem or _load_main(_worker(), main)
+        problem = _main_problem or _load_main(_worker(job.device), main)
         _main_problem = problem  # a script that failed to import is not tried again in this process
     if problem is None:
         return list(choices), [], main
@@ -262,7 +270,7 @@ def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
                                   else _route(job, choices, reference, main_names))
             verify_s, bench_s, unsent = _run_in_worker(job, remote, reference, main, record)
         except BaseException:
-            _discard()  # interrupted or broken mid-job: never leave a worker running a kernel
+            _discard(job.device)  # interrupted or broken mid-job: never leave a worker running a kernel
             raise
     here_ids = {id(c) for c in [*here, *unsent]}
     if here_ids and not reference_failed:  # in the caller's order (library calls last, see measure)
@@ -277,6 +285,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                    on_record: Callable[[Record], None]) -> tuple[float, float, list[Choice]]:
     """The worker loop: (verify seconds, benchmark seconds, choices it could not take, to run here)."""
     timeout = config.get_float("autotune.bench_timeout_s")
+    device, sent = job.device, job.for_worker()
     remaining = list(choices)
     verify_s = bench_s = 0.0
     stalls = 0
@@ -284,13 +293,13 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
         if stalls >= 3:  # dying again and again between choices is the machinery's fault, not theirs
             raise RuntimeError("the benchmark worker died repeatedly before running a choice")
         before = len(remaining)
-        worker = _worker()
+        worker = _worker(device)
         problem = _load_main(worker, main) if main is not None else None
         if problem:  # it worked for an earlier worker: unlikely, and not the choices' fault
             warn_once(log, f"tune.runner:main:{problem}", "%s: the main script stopped importing in the benchmark "
                       "worker (%s); the remaining trials run in this process", job.name, problem)
             return verify_s, bench_s, remaining
-        worker.send(("job", job, remaining, reference, settings_snapshot()))
+        worker.send(("job", sent, remaining, reference, settings_snapshot()))
         progress = _Progress()
         try:
             while True:
@@ -320,12 +329,21 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                         return verify_s, bench_s, remaining
                     case JobFailed(error=error):
                         raise RuntimeError(f"benchmark worker failed: {error}")
+                    case ContextLost(resume_at=resume_at, culprit=culprit, error=error, verify_s=verified,
+                                     bench_s=benched):  # its record came first; the worker exits by itself
+                        log.warning("%s: %s left the CUDA context of the benchmark worker unusable (%s); a fresh "
+                                    "worker runs the remaining choices", job.name, culprit, error.partition("\n")[0])
+                        verify_s += verified
+                        bench_s += benched
+                        _discard(device)
+                        remaining = remaining[resume_at:]
+                        break
         except ChannelClosed:
             death = worker.death()
-            _discard()
+            _discard(device)
             remaining = _after_failure(job, remaining, progress, reference, "crash", death, on_record)
         except ChannelTimeout:
-            _discard()
+            _discard(device)
             remaining = _after_failure(job, remaining, progress, reference, "timeout", f"{timeout:g} s", on_record)
         stalls = stalls + 1 if remaining and len(remaining) == before else 0
     return verify_s, bench_s, []

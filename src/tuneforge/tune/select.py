@@ -28,6 +28,7 @@ from tuneforge.store.records import Record
 from tuneforge.store.shipped import Nearest
 from tuneforge.store.tiers import RecordSource, record_tiers
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
+from tuneforge.tune.device import DeviceContextLost
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
@@ -256,8 +257,8 @@ def _measure_missing(name: str, key: str, candidates: Sequence[Choice], referenc
         with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
             try:
                 outcome = measure(job, missing, reference, on_record=commit)
-            except (NoValidChoicesError, ConfigError):
-                raise  # the caller's to fix: a failing reference, a bad setting
+            except (NoValidChoicesError, ConfigError, DeviceContextLost):
+                raise  # the caller's to fix: a failing reference, a bad setting, a broken CUDA context
             except Exception as exc:  # the tuning machinery failed (memory, worker), not a candidate
                 raise _MachineryFailed(exc) from exc
         found.records.update({r.choice: r for r in outcome.records})

@@ -8,6 +8,12 @@ A trial of one choice: run it once from the initial state and compare its output
 reference's (a failure is ``runtime_error`` or ``wrong_result``), then time it with the outputs (and
 any input it wrote into) restored before every run. Each finished trial is reported at once, so a
 crash in the next choice loses nothing.
+
+A job on a GPU ("cuda:N", see device.py) is timed with CUDA events (bench_gpu.py) under the same settings,
+with a device synchronisation after the checked run, so an asynchronous kernel error is that choice's;
+a near tie is not re-timed side by side (confirm.py times the host's wall clock). A choice that leaves
+the CUDA context unusable gets its ``runtime_error`` record, then `DeviceContextLost` stops the run:
+nothing more can run in this process (a benchmark worker exits, and its parent starts a fresh one).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
 from tuneforge.tune.bench import benchmark_cpu
+from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import near_tie, time_side_by_side
+from tuneforge.tune.device import DeviceContextLost, is_sticky_cuda_error
 from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
@@ -37,6 +45,16 @@ from tuneforge.tune.events import (
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
 
 log = logging.getLogger("tuneforge.tune")
+
+
+def _sync_device(device: str) -> Callable[[], None]:
+    """Wait for the work queued on `device` (a no-op on the CPU): a kernel's error surfaces here."""
+    if device == "cpu":
+        return lambda: None
+    import torch
+
+    return functools.partial(torch.cuda.synchronize, device)
+
 
 class Trials:
     """Holds the arguments, their initial state and the reference's outputs for a run of trials."""
@@ -54,6 +72,8 @@ class Trials:
         self.reference_error: str | None = None
         self.verify_s = self.bench_s = 0.0
         self.best_ms: float | None = None  # fastest median so far: slower choices may be abandoned early
+        self.sync = _sync_device(job.device)
+        self.lost: str | None = None  # the sticky CUDA error after which nothing runs or is restored here
 
     @staticmethod
     def checks_with(reference: Choice | None) -> bool:
@@ -68,9 +88,13 @@ class Trials:
         args = self.args
         try:
             reference.run(args)
+            self.sync()
             self.expected = verify.snapshot(args)
         except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
             self.reference_error = error_text(exc)
+            if is_sticky_cuda_error(self.reference_error):
+                self.lost = self.reference_error
+                return
         verify.restore(args, self.initial)
         if reference.is_extern:
             # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
@@ -80,15 +104,26 @@ class Trials:
     def run(self, choice: Choice) -> Record:
         started = time.perf_counter()
         try:
-            return self._run(choice, started)
-        finally:
-            verify.restore(self.args, self.initial)
+            record = self._run(choice, started)
+        except Exception as exc:
+            if not is_sticky_cuda_error(error_text(exc)):
+                verify.restore(self.args, self.initial)
+                raise
+            # Surfaced in the checking or the copies after the run (CUDA reports errors late): still its own.
+            tb = "".join(traceback.format_exception(exc)[-3:])
+            record = make_record(self.job, choice, "runtime_error", error=f"{error_text(exc)}\n{tb}")
+        if record.status == "runtime_error" and is_sticky_cuda_error(record.error):
+            self.lost = record.error  # restoring the arguments would fail as well
+            return record
+        verify.restore(self.args, self.initial)
+        return record
 
     def _run(self, choice: Choice, started: float) -> Record:
         args = self.args
         try:
             run_started = time.perf_counter_ns()
             choice.run(args)
+            self.sync()
             checked_ns = time.perf_counter_ns() - run_started
         except Exception as exc:
             self.verify_s += time.perf_counter() - started
@@ -116,8 +151,11 @@ class Trials:
         ratio = config.get_float("autotune.abandon_ratio")
         abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
         try:
-            timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon,
-                                   first_ns=checked_ns)
+            if self.job.device == "cpu":
+                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon,
+                                       first_ns=checked_ns)
+            else:
+                timing = benchmark_gpu(lambda: choice.run(args), setup=setup, device=self.job.device)
         except Exception as exc:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
@@ -128,6 +166,8 @@ class Trials:
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
+        if self.job.device != "cpu":  # side by side on the host's clock would time the launches only
+            return []
         tie = near_tie([(choice, record) for _, choice, record in results], config.get_str("autotune.statistic"))
         if not tie:
             return []
@@ -151,7 +191,12 @@ class Trials:
                 for (choice, record), timing in zip(tie, timings, strict=True)]
 
     def finish(self) -> None:
-        verify.restore(self.args, self.original)  # live arguments end as they began
+        if self.lost is None:  # on a broken CUDA context every copy fails: nothing can be restored
+            verify.restore(self.args, self.original)  # live arguments end as they began
+
+    def context_lost(self, culprit: str, resume_at: int, total: int) -> DeviceContextLost:
+        assert self.lost is not None
+        return DeviceContextLost(culprit, self.lost, resume_at, total, verify_s=self.verify_s, bench_s=self.bench_s)
 
 
 def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
@@ -168,6 +213,8 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
             # Timed unverified, a choice that does nothing would be the fastest and be recorded as ok.
             for i, choice in enumerate(choices):
                 emit(ChoiceResult(i, reference_failed_record(job, choice, reference.name, trials.reference_error)))
+            if trials.lost is not None:
+                raise trials.context_lost(f"the reference {reference.name}", len(choices), len(choices))
         else:
             _run_all(trials, choices, emit)
     finally:
@@ -181,6 +228,8 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
         emit(ChoiceStarted(i))
         record = trials.run(choice)
         emit(ChoiceResult(i, record))
+        if trials.lost is not None:
+            raise trials.context_lost(choice.name, i + 1, len(choices))
         results.append((i, choice, record))
     for i, record in trials.confirm(results):
         emit(ChoiceConfirmed(i, record))

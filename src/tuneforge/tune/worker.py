@@ -10,6 +10,11 @@ that script the way multiprocessing's spawn does: under the name ``__mp_main__``
 ``if __name__ == "__main__":`` block does not run), aliased as ``__main__`` for unpickling. While it
 imports, tuning is answer-only (``autotune.cache_only``): a script that tunes at module level must
 not start measuring, and above all not start a worker of its own, inside the worker.
+
+A worker serves one device: the CPU, or the one GPU its ``CUDA_VISIBLE_DEVICES`` shows it (see device.py).
+After a choice leaves its CUDA context unusable (an illegal memory access, say) it reports ContextLost and
+exits at once, without the interpreter's clean-up (which would touch the broken context): the parent
+starts a fresh worker for the remaining choices.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import traceback
 from typing import Any
 
 from tuneforge.supervisor import applied_settings, die_with_parent
+
+CONTEXT_LOST_EXIT = 3  # the exit status after a sticky CUDA error (see ContextLost)
 
 
 def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
@@ -57,7 +64,8 @@ def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
 
 def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge.tune import runner
-    from tuneforge.tune.events import JobFailed, JobUnreadable
+    from tuneforge.tune.device import DeviceContextLost
+    from tuneforge.tune.events import ContextLost, JobFailed, JobUnreadable
     from tuneforge.tune.job import error_text
     from tuneforge.tune.protocol import ChannelClosed, Unreadable, receive, send
     from tuneforge.tune.trials import run_trials
@@ -87,6 +95,9 @@ def serve(read_fd: int, write_fd: int) -> None:
         try:
             with applied_settings(settings):
                 run_trials(job, choices, reference, lambda event: send(write_fd, event))
+        except DeviceContextLost as lost:  # this process can run nothing more: the parent replaces it
+            send(write_fd, ContextLost(lost.resume_at, lost.culprit, lost.error, lost.verify_s, lost.bench_s))
+            os._exit(CONTEXT_LOST_EXIT)
         except Exception as exc:  # a job-level failure (e.g. an input generator raised): report, keep serving
             send(write_fd, JobFailed(error_text(exc)))
 
