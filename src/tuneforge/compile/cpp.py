@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -30,6 +29,7 @@ from typing import Any
 
 from tuneforge import config
 from tuneforge.compile import builders
+from tuneforge.compile.failed import keep_failed
 from tuneforge.compile.toolchain import Toolchain, default_toolchain, run_command
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
@@ -44,7 +44,6 @@ ARTIFACT_FORMAT = 1
 SOURCE_NAME = "source.cpp"
 LIBRARY_NAME = "kernel.so"
 MODULE_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
-_KEEP_FAILED = 50  # failed builds kept for inspection under <cache_dir>/failed/
 _HEADER = re.compile(r"\.(h|hh|hpp|hxx|inc|inl|cuh|tcc)$")
 
 
@@ -151,21 +150,7 @@ def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
 
 
 def _keep_failed(key: str, build: CppBuild, command: Sequence[str], stderr: str) -> Path | None:
-    """Keep the source of a failed build where the user can open it; bounded to the newest few."""
-    failed_root = config.get_path("cache_dir") / "failed"
-    target = failed_root / key
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        (target / SOURCE_NAME).write_text(build.source)
-        (target / "command.txt").write_text(" ".join(command) + "\n")
-        (target / "stderr.txt").write_text(stderr)
-        old = sorted(failed_root.iterdir(), key=lambda p: p.stat().st_mtime)[:-_KEEP_FAILED]
-        for stale in old:
-            shutil.rmtree(stale, ignore_errors=True)
-    except OSError as exc:
-        log.warning("cannot keep failed source under %s: %s", failed_root, exc)
-        return None
-    return target / SOURCE_NAME
+    return keep_failed(key, SOURCE_NAME, build.source, command, stderr)
 
 
 def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from tuneforge.compile import builders
 from tuneforge.compile.cpp import include_dir_digest
 from tuneforge.compile.cuda_driver import CudaError, CudaModule, current_context, device_arch, load_image
 from tuneforge.compile.cuda_toolchain import NVRTC_RUNNER, CudaToolchain, select_toolchain
+from tuneforge.compile.failed import keep_failed
 from tuneforge.compile.toolchain import run_command
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
@@ -43,7 +43,6 @@ ARTIFACT_FORMAT = 1
 SOURCE_NAME = "source.cu"
 CUBIN_NAME = "kernel.cubin"
 EM_CUDA = 190  # the ELF machine number of CUDA cubins
-_KEEP_FAILED = 50  # failed builds kept for inspection under <cache_dir>/failed/
 _REAL_ARCH = re.compile(r"(?:sm_)?(\d{2,3})([af]?)")
 _GENERIC_ARCH = re.compile(r"(compute|lto)_\w+|native|all|all-major")
 # Flags that would change the target or the kind of output: the builder sets both itself.
@@ -164,20 +163,7 @@ def artifact_key(build: CudaBuild, toolchain: CudaToolchain | None = None) -> tu
 
 
 def _keep_failed(key: str, build: CudaBuild, command: Sequence[str], stderr: str) -> Path | None:
-    """Keep the source of a failed build where the user can open it; bounded to the newest few."""
-    failed_root = config.get_path("cache_dir") / "failed"
-    target = failed_root / key
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        (target / SOURCE_NAME).write_text(build.source)
-        (target / "command.txt").write_text(" ".join(command) + "\n")
-        (target / "stderr.txt").write_text(stderr)
-        for stale in sorted(failed_root.iterdir(), key=lambda p: p.stat().st_mtime)[:-_KEEP_FAILED]:
-            shutil.rmtree(stale, ignore_errors=True)
-    except OSError as exc:
-        log.warning("cannot keep failed source under %s: %s", failed_root, exc)
-        return None
-    return target / SOURCE_NAME
+    return keep_failed(key, SOURCE_NAME, build.source, command, stderr)
 
 
 def _runner_command(build: CudaBuild, toolchain: CudaToolchain, arch: str) -> list[str]:

@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tuneforge import config
-from tuneforge.compile.toolchain import run_command
+from tuneforge.compile.toolchain import run_command, save_probe
 from tuneforge.errors import ToolchainError
 from tuneforge.hashing import file_hash
-from tuneforge.store.fsutil import is_readonly_error
 
 log = logging.getLogger("tuneforge.compile")
 
@@ -134,19 +133,8 @@ def _probe_cached(kind: str, path: str, probe_key: str) -> CudaToolchain:
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing or unreadable probe record: probe again
     toolchain = _probe(kind, path)
-    _save(record, {"probe_format": PROBE_FORMAT, **asdict(toolchain)})
+    save_probe(record, {"probe_format": PROBE_FORMAT, **asdict(toolchain)})
     return toolchain
-
-
-def _save(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except OSError as exc:  # a read-only (shared) cache: probing again next time is all it costs
-        level = logging.DEBUG if is_readonly_error(exc) else logging.WARNING
-        log.log(level, "cannot save CUDA compiler probe to %s: %s", path.parent, exc)
 
 
 def toolchain_at(kind: str, path: str) -> CudaToolchain:

@@ -225,11 +225,12 @@ def _probe_cached(command: tuple[str, ...]) -> Toolchain:
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing or unreadable probe record: probe again
     toolchain = _probe(command)
-    _save_probe(path, {"probe_format": PROBE_FORMAT, **asdict(toolchain)})
+    save_probe(path, {"probe_format": PROBE_FORMAT, **asdict(toolchain)})
     return toolchain
 
 
-def _save_probe(path: Path, data: dict[str, Any]) -> None:
+def save_probe(path: Path, data: dict[str, Any]) -> None:
+    """Write a probe's result (JSON) atomically; a cache that cannot take it only costs probing again."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -259,7 +260,7 @@ def cpu_target(toolchain: Toolchain) -> tuple[str, tuple[str, ...]]:
         pass
     if known is None:
         known = _detect_march(toolchain.command, toolchain.kind)
-        _save_probe(path, {"probe_format": PROBE_FORMAT, "march": known[0], "extra": list(known[1])})
+        save_probe(path, {"probe_format": PROBE_FORMAT, "march": known[0], "extra": list(known[1])})
     _targets[toolchain.command] = known
     return known
 
