@@ -333,3 +333,20 @@ def test_fresh_process_loads_the_cached_cubin_without_compiling(cache_dir: Path)
         """
     key, total, _ = json.loads(run_python(code).stdout)
     assert json.loads(run_python(code).stdout) == [key, total, []] and total == 3000.0
+
+
+def test_cuda_settings_fill_what_load_is_not_told(cache_dir: Path, tmp_path: Path) -> None:
+    from tuneforge.compile.cuda import request_for
+    from tuneforge.errors import ConfigError
+
+    with config.patch(cuda_arch="90", cuda_compiler="nvrtc", cuda_include_dirs=[tmp_path],
+                      cuda_flags=["-DFROM_SETTING=1", "--use_fast_math"]):
+        request = request_for(SAXPY, flags=["-DMINE=2"])
+        assert (request.arch, request.compiler) == ("sm_90", "nvrtc")
+        assert request.flags == ("-DFROM_SETTING=1", "--use_fast_math", "-DMINE=2")  # settings first
+        assert request.include_dirs == (str(tmp_path),)
+        explicit = request_for(SAXPY, arch="sm_80", compiler="nvcc")  # arguments win
+        assert (explicit.arch, explicit.compiler) == ("sm_80", "nvcc")
+    with config.patch(cuda_arch="compute_90"), \
+            pytest.raises(ConfigError, match=r"'cuda.arch' \(environment variable TUNEFORGE_CUDA_ARCH\)"):
+        request_for(SAXPY)  # a generic target from the settings names the setting to fix

@@ -229,15 +229,31 @@ def _build_for_pool(request: CudaBuild) -> tuple[str, Path, bool]:
 builders.register(CudaBuild, lambda request: artifact_key(request)[0], _build_for_pool)
 
 
+def request_for(source: str, *, arch: str | int | None = None, flags: Sequence[str] = (),
+                include_dirs: Sequence[str | Path] = (), compiler: str | None = None) -> CudaBuild:
+    """The build `load` asks for: the arguments over the ``cuda.*`` settings (`arch` None: ``cuda.arch``;
+    `compiler` None: ``cuda.compiler``; ``cuda.flags`` and ``cuda.include_dirs`` before the arguments')."""
+    from_setting = arch is None
+    try:
+        target = normalise_arch(config.get_optional_str("cuda.arch") if from_setting else arch)
+    except ValueError as exc:
+        if from_setting:  # name the setting (and its variable) to fix
+            raise config.setting_error("cuda.arch", str(exc)) from None
+        raise
+    return CudaBuild(source=source, flags=(*config.get_strs("cuda.flags"), *flags), arch=target,
+                     include_dirs=tuple(str(d) for d in (*config.get_paths("cuda.include_dirs"), *include_dirs)),
+                     compiler=config.get_optional_str("cuda.compiler") if compiler is None else compiler)
+
+
 def load(source: str, *, arch: str | int | None = None, flags: Sequence[str] = (),
          include_dirs: Sequence[str | Path] = (), compiler: str | None = None) -> CudaModule:
     """Build (or fetch) the cubin of `source` for the current GPU and load it into the current context.
 
     Kernels are found by name with ``module.function("name")``: declare them ``extern "C" __global__``.
-    `arch` None means the current GPU's architecture; `compiler` None uses nvcc if there is one, else NVRTC.
+    Unset arguments come from the ``cuda.*`` settings (see `request_for`); no arch anywhere means the
+    current GPU's architecture, no compiler nvcc if there is one, else NVRTC.
     """
-    request = CudaBuild(source=source, flags=tuple(flags), arch=normalise_arch(arch),
-                        include_dirs=tuple(str(d) for d in include_dirs), compiler=compiler)
+    request = request_for(source, arch=arch, flags=flags, include_dirs=include_dirs, compiler=compiler)
     context = current_context()
     request = replace(request, arch=resolve_arch(request.arch))
     memo = (request, os.getpid(), context, config.get_path("cache_dir"))
