@@ -1,0 +1,196 @@
+"""benchmarks/gpu_gemm.py without a GPU: its pure parts (shapes, arithmetic, table, targets), its launcher's
+failure reports, and its exit status 2 with a message on a machine without CUDA."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPT = BENCHMARKS / "gpu_gemm.py"
+sys.path.insert(0, str(BENCHMARKS))
+
+import gpu_common as gc  # noqa: E402
+import gpu_gemm  # noqa: E402
+
+
+def run_python(code: str, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OUT": str(tmp_path)}  # the children's log goes there, not into benchmarks/results
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=BENCHMARKS.parent)
+
+
+# ------------------------------------------------------------------------------------------ arguments
+
+def test_shapes_parse_as_m_n_k() -> None:
+    assert gc.parse_shape("4096x14336x4096") == (4096, 14336, 4096)
+    assert gc.parse_shape("1X8192x8192") == (1, 8192, 8192)
+    for bad in ("12x3", "axbxc", "1x2x3x4", "0x8x8", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            gc.parse_shape(bad)
+    assert gc.shape_text((3000, 1000, 700)) == "3000x1000x700"
+
+
+def test_cases_default_quick_and_explicit() -> None:
+    default = gpu_gemm.cases(gpu_gemm.parse_args([]))
+    assert len(default) == 16 and default[0] == ((4096, 4096, 4096), "bfloat16")
+    assert {shape for shape, _ in default} == set(gc.SHAPES) and {d for _, d in default} == {"bfloat16", "float16"}
+    assert gpu_gemm.cases(gpu_gemm.parse_args(["--quick"])) == [((4096, 4096, 4096), "bfloat16"),
+                                                                ((3000, 1000, 700), "bfloat16")]
+    quick16 = gpu_gemm.cases(gpu_gemm.parse_args(["--quick", "--dtypes", "float16", "bfloat16"]))
+    assert [d for _, d in quick16] == ["float16", "float16"]
+    explicit = gpu_gemm.cases(gpu_gemm.parse_args(["--shapes", "1x8192x8192", "--dtypes", "float16"]))
+    assert explicit == [((1, 8192, 8192), "float16")]
+    with pytest.raises(SystemExit):
+        gpu_gemm.parse_args(["--dtypes", "int8"])
+
+
+# ---------------------------------------------------------------------------------------- arithmetic
+
+def test_tflops_counts_two_flops_per_multiply_add() -> None:
+    assert gc.tflops((4096, 4096, 4096), 1.0) == pytest.approx(2 * 4096**3 / 1e9)
+    assert gc.tflops((3000, 1000, 700), 0.5) == pytest.approx(8.4)
+
+
+def test_geomean() -> None:
+    assert gc.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert gc.geomean([None, 3.0, None]) == pytest.approx(3.0)
+    assert gc.geomean([]) is None and gc.geomean([None]) is None
+    with pytest.raises(ValueError):
+        gc.geomean([1.0, 0.0])
+
+
+def test_accuracy_thresholds_per_dtype() -> None:
+    assert gc.accurate(5e-3, "bfloat16") and not gc.accurate(5e-3, "float16")
+    assert not gc.accurate(float("nan"), "bfloat16") and not gc.accurate(None, "float16")
+
+
+def test_steady_summary_ratios_are_medians_of_per_round_ratios() -> None:
+    rounds = {"cublas": [1.0, 2.0, 1.0], "inductor": [1.0, 1.0, 2.0], "tuneforge": [0.5, 1.0, 1.0]}
+    out = gc.summarize_steady(rounds, (1024, 1024, 1024))
+    assert out["cublas_ms"] == 1.0 and out["tuneforge_ms"] == 1.0
+    assert out["cublas_tflops"] == pytest.approx(gc.tflops((1024, 1024, 1024), 1.0))
+    assert out["tuneforge_vs_cublas"] == pytest.approx(2.0)  # per round 2, 2, 1
+    assert out["inductor_vs_cublas"] == pytest.approx(1.0)  # per round 1, 2, 0.5
+    assert out["tuneforge_vs_inductor"] == pytest.approx(2.0)  # per round 2, 1, 2
+    only_cublas = gc.summarize_steady({"cublas": [1.0]}, (8, 8, 8))
+    assert only_cublas["tuneforge_ms"] is None and only_cublas["tuneforge_vs_cublas"] is None
+
+
+# ------------------------------------------------------------------------------------------- targets
+
+def row(shape: str = "4096x4096x4096", **fields: float | None) -> gc.Row:
+    base: gc.Row = {"shape": shape, "dtype": "bfloat16", "notes": [], "tuneforge_vs_cublas": 1.0,
+                    "tuneforge_vs_inductor": 1.0, "tuneforge_cold_s": 1.0, "tuneforge_warm_ms": 10.0,
+                    "redis_warm_ms": None}
+    return {**base, **fields}
+
+
+def statuses(rows: list[gc.Row]) -> dict[str, str]:
+    return {r["name"]: r["status"] for r in gc.evaluate_targets(rows)}
+
+
+def test_targets_pass_fail_and_not_applicable() -> None:
+    names = [t.name for t in gc.TARGETS]
+    good = [row(), row("3000x1000x700", tuneforge_vs_cublas=1.4, tuneforge_vs_inductor=1.1)]
+    assert list(statuses(good).values()) == ["PASS", "PASS", "PASS", "PASS", "PASS", "n/a"]
+    assert statuses([row()])[names[2]] == "n/a"  # 3000x1000x700 not in the run
+    assert statuses([row(tuneforge_vs_cublas=0.98)])[names[0]] == "FAIL"
+    assert statuses([row(tuneforge_vs_inductor=0.5), row(tuneforge_vs_inductor=1.9)])[names[1]] == "FAIL"
+    assert statuses([row("3000x1000x700", tuneforge_vs_cublas=1.29)])[names[2]] == "FAIL"
+    assert statuses([row(tuneforge_cold_s=2.01)])[names[3]] == "FAIL"
+    assert statuses([row(tuneforge_warm_ms=50.0)])[names[4]] == "PASS"
+    assert statuses([row(tuneforge_warm_ms=50.1)])[names[4]] == "FAIL"
+    assert statuses([row(redis_warm_ms=99.0)])[names[5]] == "PASS"
+
+
+def test_a_case_without_the_figure_fails_the_target() -> None:
+    result = gc.evaluate(gc.TARGETS[0], [row(), row(tuneforge_vs_cublas=None)])
+    assert result["status"] == "FAIL" and result["value"] == 1.0 and "1 of 2" in result["detail"]
+    nothing = gc.evaluate(gc.TARGETS[3], [row(tuneforge_cold_s=None)])
+    assert nothing["status"] == "FAIL" and nothing["detail"] == "not measured"
+
+
+# -------------------------------------------------------------------------------------------- output
+
+def test_table_has_a_line_per_case_and_dashes_for_missing_figures() -> None:
+    rows = [row(cublas_tflops=612.34, inductor_vs_cublas=1.02, winner=None),
+            {**row("1x8192x8192"), "winner": "mm_splitk (BLOCK_M=16)", "tuneforge_vs_cublas": None}]
+    lines = gc.format_table(rows).splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("shape") and "cuBLAS TF/s" in lines[0] and lines[0].endswith("winner")
+    assert "612.3" in lines[1] and "1.020" in lines[1] and lines[1].endswith("  -")
+    assert lines[2].startswith("1x8192x8192") and lines[2].endswith("mm_splitk (BLOCK_M=16)")
+    assert " - " in lines[2]
+    assert len({len(line) - len(line.split("  ")[-1]) for line in lines[1:]}) == 1  # columns line up
+    targets = gc.format_targets(gc.evaluate_targets([row(tuneforge_cold_s=3.0)]))
+    assert "[FAIL] cold tuning" in targets and "[PASS] warm first call" in targets
+    assert "tuneforge/Inductor 1.000x" in gc.format_geomeans(gc.geomeans([row()]))
+
+
+def test_results_go_to_the_folder_and_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    written = gc.write_results({"cases": [row()]}, "gpu_gemm-test", tmp_path / "results")
+    assert written == [tmp_path / "results" / "gpu_gemm-test.json", tmp_path / "out" / "gpu_gemm-test.json"]
+    assert json.loads(written[1].read_text())["cases"][0]["shape"] == "4096x4096x4096"
+
+
+def broken_measurement() -> gc.Row:
+    raise KeyError("missing")
+
+
+def test_a_child_that_fails_reports_its_traceback(tmp_path: Path) -> None:
+    results = []
+    for status in (0, 1):
+        task = {"result": str(tmp_path / f"r{status}.json")}
+        code = gc.finish_child(task, (lambda: {"ok": 1}) if status == 0 else broken_measurement)
+        results.append((code, json.loads(Path(task["result"]).read_text())))
+    assert results[0] == (0, {"ok": 1})
+    assert results[1][0] == 1 and "KeyError: 'missing'" in results[1][1]["failed"]
+
+
+# -------------------------------------------------------------------------------------- without a GPU
+
+def test_import_needs_neither_torch_nor_tuneforge(tmp_path: Path) -> None:
+    proc = run_python("import sys; sys.path.insert(0, 'benchmarks'); import gpu_gemm; "
+                      "print(sorted(m for m in ('torch', 'triton', 'tuneforge') if m in sys.modules))", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_forked_measurement_without_cuda_reports_a_failure(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    code = ("import sys, json, pathlib; sys.path.insert(0, 'benchmarks'); import gpu_gemm; "
+            f"print(json.dumps(gpu_gemm.run_task({{'kind': 'probe', 'env': {{}}}}, 'fork', "
+            f"pathlib.Path({str(tmp_path)!r}), 60)))")
+    proc = run_python(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "Traceback" in result["failed"]
+
+
+def test_no_gpu_exits_2_with_a_message(tmp_path: Path) -> None:
+    # asked in a child: torch stays out of the process that runs the tests
+    probe = run_python("import torch; print(torch.cuda.is_available())", tmp_path)
+    if probe.stdout.strip() == "True":
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OUT": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "no CUDA GPU" in proc.stderr or "torch is not installed" in proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+def test_without_torch_exits_2_with_a_message(tmp_path: Path) -> None:
+    code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = ['gpu_gemm.py', '--quick']; "
+            "runpy.run_path('benchmarks/gpu_gemm.py', run_name='__main__')")
+    proc = run_python(code, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "torch is not installed" in proc.stderr and "Traceback" not in proc.stderr
