@@ -238,14 +238,18 @@ def _check_example_memory(what: str, specs: list[Any]) -> None:
 @main.command()
 @click.argument("op", type=click.Choice(_OPS))
 @click.option("--shape", required=True, callback=_shape, metavar="MxNxK", help="C[M,N] = A[M,K] @ B[K,N].")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float64", "float16", "bfloat16"]), default="float32",
+              show_default=True, help="float32/float64 on the CPU; float16/bfloat16/float32 on CUDA.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: the Triton GEMM family against cuBLAS, on the current GPU (gemm only).")
 @click.option("--space", type=click.Choice(["default", "exhaustive"]), default="default", show_default=True,
               help="Candidate configurations to benchmark.")
 @click.option("--force", is_flag=True, help="Re-benchmark even when records exist.")
-def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bool) -> None:
+def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: str, force: bool) -> None:
     """Tune a shipped op for one shape and print the AUTOTUNE table.
 
-    gemm: the tuned GEMM family (C = A @ B) against numpy.matmul; matmul: the small tiled example.
+    gemm: the tuned GEMM family (C = A @ B) against numpy.matmul (or, with --device cuda, the Triton
+    family against cuBLAS); matmul: the small tiled example.
     """
     import time
 
@@ -253,23 +257,29 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bo
     from tuneforge.tune.specs import TensorSpec
 
     m, n, k = shape
-    specs: list[Any] = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
-    out = TensorSpec.contiguous((m, n), dtype)
-    _check_example_memory(f"--shape {m}x{n}x{k} {dtype}", [*specs, out])
+    reference = None
+    if device == "cuda":
+        candidates, specs, out, reference = _cuda_problem(op, shape, dtype, space)
+    elif dtype not in ("float32", "float64"):
+        raise click.BadParameter(f"{dtype} is for --device cuda; on the CPU: float32 or float64", param_hint="--dtype")
+    else:
+        specs = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
+        out = TensorSpec.contiguous((m, n), dtype)
+        _check_example_memory(f"--shape {m}x{n}x{k} {dtype}", [*specs, out])
     _cache_root()
-    if op == "gemm":
+    if device == "cpu" and op == "gemm":
         from tuneforge.kernels.gemm import Problem
         from tuneforge.kernels.gemm import choices as gemm_choices
 
         candidates = gemm_choices(Problem(m, n, k, dtype), space)
         specs += [1.0, 0.0, None]  # alpha, beta, bias: C = A @ B
-    else:
+    elif device == "cpu":
         from tuneforge.kernels import matmul as family
 
         candidates = family.choices(dtype, space)
     started = time.perf_counter()
     with config.patch(autotune_verbose=True, autotune_force=force or config.get_bool("autotune.force")):
-        selection = select_detailed(op, candidates, specs, out=out)
+        selection = select_detailed(op, candidates, specs, out=out, reference=reference)
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
         from tuneforge.tune.report import format_table
@@ -279,8 +289,24 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, space: str, force: bo
     timing = f" at {record.median_ms:.4f} ms" if record is not None and record.median_ms is not None else ""
     params = f" ({selection.choice.info})" if selection.choice.info else ""
     flops = f", {2 * m * n * k / record.median_ms / 1e6:.1f} GFLOP/s" if timing and record and record.median_ms else ""
-    click.echo(f"{op} {m}x{n}x{k} {dtype}: {selection.choice.name}{params}{timing}{flops}; "
+    where = " cuda" if device == "cuda" else ""
+    click.echo(f"{op} {m}x{n}x{k} {dtype}{where}: {selection.choice.name}{params}{timing}{flops}; "
                f"decided from {selection.source} in {elapsed:.2f} s")
+
+
+def _cuda_problem(op: str, shape: tuple[int, int, int], dtype: str, space: str) -> tuple[Any, Any, Any, Any]:
+    """`tune --device cuda`: refused (a usage error) without a GPU, for an op without a GPU family or a dtype
+    the GPU family does not take."""
+    if op != "gemm":
+        raise click.BadParameter(f"{op} has no GPU family; --device cuda tunes gemm", param_hint="--device")
+    if dtype == "float64":
+        raise click.BadParameter("float64 is CPU-only; on CUDA: float16, bfloat16 or float32", param_hint="--dtype")
+    from tuneforge.kernels.gemm_gpu.op import cuda_unavailable, tuning_problem
+
+    why = cuda_unavailable()
+    if why is not None:
+        raise click.UsageError(f"--device cuda: {why}; tune on a machine with an NVIDIA GPU, or use --device cpu")
+    return tuning_problem(*shape, dtype, space)
 
 
 @main.group()

@@ -56,6 +56,8 @@ SOURCE_NAME = "kernel_source.py"  # the Python source, for `cache explain` and f
 STEM = "kernel"  # Triton's files are stored as kernel.<ext>: a kernel's own name could be "manifest"
 _KEEP_FAILED = 50  # failed builds kept for inspection under <cache_dir>/failed/ (shared with C++)
 Constexpr = int | float | bool | str
+# Triton's specialization attributes: (argument index,) -> [[name, value], ...], e.g. {(0,): [["tt.divisibility", 16]]}
+Attrs = Mapping[tuple[int, ...], Sequence[Sequence[Any]]]
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,10 @@ class TritonBuild:
     """One Triton compilation as plain data (it can be sent to a build pool worker).
 
     `signature` maps every argument of the kernel, in order, to its Triton type ("*fp16", "i32", ...;
-    "constexpr" for those given in `constexprs`). `target=None` means this process's GPU.
+    "constexpr" for those given in `constexprs`). `target=None` means this process's GPU. `attrs` are
+    Triton's specialization attributes of the arguments by index, as its JIT derives them from the
+    values it is called with (``{(0,): [["tt.divisibility", 16]]}``: a pointer aligned to 16 bytes, an
+    int that is a multiple of 16); they change the code, so they are part of the key.
     """
 
     source: str
@@ -73,11 +78,13 @@ class TritonBuild:
     num_warps: int = 4
     num_stages: int = 3
     target: GpuTarget | None = None
+    attrs: Attrs = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Own copies: a caller mutating its dict afterwards must not change a build (or its hash).
         object.__setattr__(self, "signature", dict(_checked_signature(self.signature)))
         object.__setattr__(self, "constexprs", dict(_checked_constexprs(self.constexprs, self.signature)))
+        object.__setattr__(self, "attrs", _checked_attrs(self.attrs, len(self.signature)))
         if not isinstance(self.source, str) or not self.source.strip():
             raise TritonBuildError("TritonBuild.source: need the Python source text of the kernel's module")
         if not isinstance(self.kernel, str) or not self.kernel.isidentifier():
@@ -93,7 +100,7 @@ class TritonBuild:
     def __hash__(self) -> int:  # dict fields: hash what equality compares
         return hash((self.source, self.kernel, tuple(sorted(self.signature.items())),
                      tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), self.num_warps,
-                     self.num_stages, self.target))
+                     self.num_stages, self.target, json.dumps(_attrs_material(self.attrs))))
 
 
 def _is_int(value: object) -> bool:
@@ -130,6 +137,29 @@ def _checked_constexprs(constexprs: object, signature: Mapping[str, str]) -> Map
     return constexprs
 
 
+def _checked_attrs(attrs: object, arity: int) -> dict[tuple[int, ...], list[list[Any]]]:
+    """A normalized copy: index tuples -> lists of [name, value] pairs with JSON values (they go into the key)."""
+    if not isinstance(attrs, Mapping):
+        raise TritonBuildError(f"TritonBuild.attrs: need a mapping of (argument index,) -> [[name, value], ...], "
+                               f"got {type(attrs).__name__}")
+    checked: dict[tuple[int, ...], list[list[Any]]] = {}
+    for where, pairs in attrs.items():
+        if not (isinstance(where, tuple) and where and all(_is_int(i) for i in where) and 0 <= where[0] < arity):
+            raise TritonBuildError(f"TritonBuild.attrs: key {where!r} must be a tuple of argument indices "
+                                   f"(0..{arity - 1})")
+        if not isinstance(pairs, Sequence) or isinstance(pairs, str) or not all(
+                isinstance(p, Sequence) and not isinstance(p, str) and len(p) == 2 and isinstance(p[0], str)
+                and isinstance(p[1], (int, str, bool)) for p in pairs):
+            raise TritonBuildError(f"TritonBuild.attrs[{where!r}]: need a list of [name, value] pairs such as "
+                                   f"[['tt.divisibility', 16]], got {pairs!r}")
+        checked[tuple(where)] = [[str(name), value] for name, value in pairs]
+    return checked
+
+
+def _attrs_material(attrs: Attrs) -> list[list[Any]]:
+    return [[list(where), [list(p) for p in pairs]] for where, pairs in sorted(attrs.items())]
+
+
 @dataclass(frozen=True)
 class TritonArtifact:
     key: str
@@ -156,7 +186,8 @@ def _description(build: TritonBuild, target: GpuTarget | None) -> list[str]:
     where = "current-device" if target is None else f"{target.backend}:{target.arch}:{target.warp_size}"
     return ["triton.compile", f"kernel={build.kernel}", f"target={where}", f"num_warps={build.num_warps}",
             f"num_stages={build.num_stages}", f"signature={json.dumps(build.signature)}",
-            f"constexprs={json.dumps(build.constexprs)}"]
+            f"constexprs={json.dumps(build.constexprs)}",
+            *([f"attrs={json.dumps(_attrs_material(build.attrs))}"] if build.attrs else [])]
 
 
 def _failure(build: TritonBuild, key: str, target: GpuTarget | None, what: str, exc: BaseException) -> CompileError:
@@ -237,6 +268,8 @@ def artifact_key(build: TritonBuild) -> tuple[str, dict[str, Any]]:
         "options": resolved_options(target, build.num_warps, build.num_stages),
         "env": cache_env_vars(),
     }
+    if build.attrs:  # only when given, so the keys of builds without them stay as they were
+        material["attrs"] = _attrs_material(build.attrs)
     return KEY_PREFIX + key_hash(material), material
 
 
@@ -253,7 +286,7 @@ def _compile_into(staging: Path, key: str, build: TritonBuild, target: GpuTarget
     from triton.compiler import ASTSource
 
     fn = jit_function(build)
-    source = ASTSource(fn, dict(build.signature), dict(build.constexprs))
+    source = ASTSource(fn, dict(build.signature), dict(build.constexprs), _triton_attrs(build))
     options = {"num_warps": build.num_warps, "num_stages": build.num_stages}
     scratch = tempfile.mkdtemp(prefix="tuneforge-triton-")  # Triton's own cache: private, so it compiles
     started = time.perf_counter()
@@ -286,6 +319,10 @@ def _compile_into(staging: Path, key: str, build: TritonBuild, target: GpuTarget
             "constexprs": dict(build.constexprs), "num_warps": build.num_warps, "num_stages": build.num_stages,
             "target": {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size},
             "shared": int(compiled.metadata.shared), "compile_seconds": round(seconds, 4)}
+
+
+def _triton_attrs(build: TritonBuild) -> dict[tuple[int, ...], list[list[Any]]]:
+    return {where: [list(p) for p in pairs] for where, pairs in build.attrs.items()}  # Triton's own copy
 
 
 def build(build: TritonBuild) -> TritonArtifact:
@@ -335,7 +372,7 @@ def compiled_kernel(build_: TritonBuild) -> Any:
 
     meta = artifact.entry.meta
     group = {f"{build_.kernel}.{ext}": str(artifact.entry.file(name)) for ext, name in meta["files"].items()}
-    source = ASTSource(jit_function(build_), dict(build_.signature), dict(build_.constexprs))
+    source = ASTSource(jit_function(build_), dict(build_.signature), dict(build_.constexprs), _triton_attrs(build_))
     kernel = CompiledKernel(source, group, meta["triton_hash"])  # reads every file now: eviction cannot hurt it
     kernel.tuneforge_key = artifact.key  # for users, as the C++ loaders' tuneforge_key
     return kernel

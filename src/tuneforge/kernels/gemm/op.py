@@ -119,7 +119,8 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Prepared:
 
 def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
          space: str = "default") -> Any:
-    """``out = alpha * a @ b + beta * out + bias`` for 2-D float32/float64 arrays of any strides.
+    """``out = alpha * a @ b + beta * out + bias`` for 2-D float32/float64 arrays of any strides, or for
+    fp16/bf16/fp32 torch tensors on one CUDA device (`tuneforge.kernels.gemm_gpu.gemm_cuda`).
 
     With ``beta == 0`` (the default) `out`'s previous contents are ignored; `bias` is a row vector
     of length N. Returns `out` (allocated C-contiguous when not given). The first call for a layout
@@ -134,12 +135,19 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     if out is None:
         if beta != 0:
             raise ValueError("beta != 0 needs an out array to accumulate into")
-        out = np.empty((a.shape[0], b.shape[1]) if a.ndim == 2 and b.ndim == 2 else (0, 0), dtype=a.dtype)
+        try:
+            out = np.empty((a.shape[0], b.shape[1]) if a.ndim == 2 and b.ndim == 2 else (0, 0), dtype=a.dtype)
+        except TypeError:  # a dtype numpy does not know: a CUDA tensor's goes to the GPU op
+            if _on_cuda(a):
+                return _gemm_cuda(a, b, None, alpha, beta, bias, space)
+            raise
     try:
         bias_layout = None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype)
         key = (type(a), type(b), type(out), a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype,
                out.dtype, beta != 0, bias_layout, space)
-    except AttributeError:  # not arrays: let the checks name the problem
+    except AttributeError:  # not arrays: CUDA tensors go to the GPU op; for others the checks name the problem
+        if _on_cuda(a):
+            return _gemm_cuda(a, b, out, alpha, beta, bias, space)
         _check(a, b, out, bias)
         raise
     prepared = _dispatch.get(key)
@@ -157,6 +165,17 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         return _gemm_separated(prepared, a, b, out, alpha, beta, bias, space)
     prepared.call(alpha, beta, a, b, out, bias)
     return out
+
+
+def _on_cuda(a: Any) -> bool:
+    return getattr(a, "is_cuda", False) is True  # a torch tensor on a CUDA device
+
+
+def _gemm_cuda(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str) -> Any:
+    """Torch tensors on a CUDA device: the GPU family's op (reached off the numpy path, which cannot key them)."""
+    from tuneforge.kernels.gemm_gpu.op import gemm_cuda
+
+    return gemm_cuda(a, b, out, alpha=alpha, beta=beta, bias=bias, space=space)
 
 
 def _gemm_separated(prepared: Prepared, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,

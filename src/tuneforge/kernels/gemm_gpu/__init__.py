@@ -1,5 +1,8 @@
-"""Triton GEMM kernels (mm and split-K, bias/beta/activation epilogues) and their configuration spaces."""
+"""Triton GEMM kernels (mm and split-K, bias/beta/activation epilogues), their configuration spaces, their
+choices, and the op: `gemm_cuda` (what tuneforge.gemm does with CUDA tensors)."""
 
+from tuneforge.kernels.gemm_gpu.choice import GemmLayout, GemmTritonChoice, torch_gemm
+from tuneforge.kernels.gemm_gpu.op import clear_dispatch, cublas_choice, gemm_cuda, gpu_choices
 from tuneforge.kernels.gemm_gpu.render import (
     ACTIVATIONS,
     DTYPES,
@@ -28,7 +31,7 @@ from tuneforge.kernels.gemm_gpu.space import (
     why_not,
 )
 
-__all__ = ["A100_SXM", "ACTIVATIONS", "DTYPES", "GRIDS", "H100_SXM", "Config", "DeviceLimits", "Epilogue", "Rendered",
-           "arguments", "constexprs", "default_space", "exhaustive_space", "fits", "index_fits", "launch", "mm_grid",
-           "reduce_grid", "render", "specialization", "splitk_grid", "why_not",
-           "workspace_shape"]
+__all__ = ["A100_SXM", "ACTIVATIONS", "DTYPES", "GRIDS", "H100_SXM", "Config", "DeviceLimits", "Epilogue",
+           "GemmLayout", "GemmTritonChoice", "Rendered", "arguments", "clear_dispatch", "constexprs", "cublas_choice",
+           "default_space", "exhaustive_space", "fits", "gemm_cuda", "gpu_choices", "index_fits", "launch", "mm_grid",
+           "reduce_grid", "render", "specialization", "splitk_grid", "torch_gemm", "why_not", "workspace_shape"]

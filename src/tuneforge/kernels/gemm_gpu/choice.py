@@ -1,0 +1,278 @@
+"""One configuration of the Triton GEMM family as a choice of ``select()``, and cuBLAS beside it.
+
+A `GemmTritonChoice` is called like the CPU family's choices, with ``(a, b, alpha, beta, bias, out)``
+(``out = act(alpha * a @ b + beta * out + bias)``), so records and reports of both look alike.
+
+On a GPU it builds its kernel(s) (``mm``, or ``splitk`` + ``splitk_reduce``) as `TritonBuild`s for the
+current device, specialized as Triton's JIT would specialize them for the layout it is tuned for (unit
+strides as constexprs, ``tt.divisibility`` for 16-byte-aligned pointers and multiples of 16), and
+launches the stored cubins. A call whose layout specializes differently (another alignment) gets a
+kernel of its own, loaded (or compiled) once. Under Triton's interpreter the ``@triton.jit`` functions
+run on CPU tensors instead, which is how this is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tuneforge.hashing import key_hash
+from tuneforge.kernels.gemm_gpu.render import (
+    GRIDS,
+    Config,
+    Epilogue,
+    Rendered,
+    arguments,
+    constexprs,
+    render,
+    specialization,
+    workspace_shape,
+)
+from tuneforge.tune.choices import Builder, ConfiguredChoice, completed_future, failed_future
+from tuneforge.tune.triton_template import interpreting
+
+__all__ = ["FAMILY", "GemmLayout", "GemmTritonChoice", "torch_gemm"]
+
+FAMILY = "triton:gemm_gpu"
+ALIGN = 16  # bytes: what tt.divisibility promises for a pointer
+
+
+@dataclass(frozen=True)
+class GemmLayout:
+    """What a build specializes on: the sizes, the element strides, and which pointers are 16-byte aligned
+    (a, b, out, bias). ``bias_stride`` is None without a bias."""
+
+    m: int
+    n: int
+    k: int
+    a_strides: tuple[int, int]
+    b_strides: tuple[int, int]
+    out_strides: tuple[int, int]
+    bias_stride: int | None = None
+    aligned: tuple[bool, bool, bool, bool] = (True, True, True, True)
+
+    @classmethod
+    def contiguous(cls, m: int, n: int, k: int, bias: bool = False) -> GemmLayout:
+        """Row-major operands in fresh (aligned) allocations: what `select` makes its example inputs as."""
+        return cls(m, n, k, (k, 1), (n, 1), (n, 1), 1 if bias else None)
+
+    @classmethod
+    def of(cls, a: Any, b: Any, out: Any, bias: Any = None) -> GemmLayout:
+        """The layout of torch tensors a (MxK), b (KxN), out (MxN) and bias (N)."""
+        pointers = [t.data_ptr() % ALIGN == 0 if t is not None else True for t in (a, b, out, bias)]
+        return cls(int(a.shape[0]), int(b.shape[1]), int(a.shape[1]), tuple(a.stride()), tuple(b.stride()),
+                   tuple(out.stride()), None if bias is None else int(bias.stride(0)),
+                   (pointers[0], pointers[1], pointers[2], pointers[3]))
+
+
+class _Probe:
+    """A tensor's sizes, strides and address alignment: all that `arguments` and `specialization` read."""
+
+    def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...], aligned: bool) -> None:
+        self.shape, self._strides, self._address = shape, strides, 0 if aligned else 2
+
+    def stride(self, dim: int | None = None) -> Any:
+        return self._strides if dim is None else self._strides[dim]
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+def _probes(layout: GemmLayout, config: Config) -> tuple[_Probe, _Probe, _Probe, _Probe | None, _Probe]:
+    m, n, k, aligned = layout.m, layout.n, layout.k, layout.aligned
+    bias = None if layout.bias_stride is None else _Probe((n,), (layout.bias_stride,), aligned[3])
+    splits, rows, cols = workspace_shape(config, m, n)
+    return (_Probe((m, k), layout.a_strides, aligned[0]), _Probe((k, n), layout.b_strides, aligned[1]),
+            _Probe((m, n), layout.out_strides, aligned[2]), bias, _Probe((splits, rows, cols), (rows * cols, cols, 1),
+                                                                          True))
+
+
+class GemmTritonChoice(ConfiguredChoice):
+    """One `Config` of the Triton GEMM family for one dtype and epilogue; see the module."""
+
+    is_native = True  # a kernel can take the process (or the GPU context) down with it: trials isolated
+
+    def __init__(self, config: Config, dtype: str, epilogue: Epilogue, layout: GemmLayout) -> None:
+        self.gemm_config = config
+        self.dtype = dtype
+        self.epilogue = epilogue
+        self.layout = layout
+        self.config = config.as_dict()
+        kind = "splitk" if config.split_k > 1 else "mm"
+        self.name = f"triton_{kind}_{config.name}"
+        sources = [hashlib.sha256(render(k, dtype, epilogue).source.encode()).hexdigest() for k in config.kernels]
+        # The layout is left out: it only says which specialization to build ahead; run() specializes
+        # for the tensors it is given, so the code that runs is decided by what is hashed here.
+        self._hash = "tgm" + key_hash({"family": FAMILY, "kernels": list(config.kernels), "dtype": dtype,
+                                       "epilogue": asdict(epilogue), "config": self.config, "sources": sources})
+        self._kernels: dict[tuple[Any, ...], Any] = {}
+        self._workspaces: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def family(self) -> str:
+        return FAMILY
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_kernels": {}, "_workspaces": {}}  # loaded kernels and buffers stay here
+
+    # ---------------------------------------------------------------------------------------------- build
+
+    def triton_builds(self, layout: GemmLayout | None = None, target: Any = None) -> dict[str, Any]:
+        """The `TritonBuild` of each kernel, specialized for `layout` (default: the one it is tuned for),
+        for `target` (a GpuTarget; None: this process's GPU)."""
+        layout = layout or self.layout
+        a, b, out, bias, workspace = _probes(layout, self.gemm_config)
+        return {kind: self._build(render(kind, self.dtype, self.epilogue), a, b, out, bias, workspace, target)
+                for kind in self.gemm_config.kernels}
+
+    def _build(self, r: Rendered, a: Any, b: Any, out: Any, bias: Any, workspace: Any, target: Any) -> Any:
+        from tuneforge.compile.triton import TritonBuild
+
+        m, k, n = int(a.shape[0]), int(a.shape[1]), int(b.shape[1])
+        values = arguments(r, a, b, out, bias=bias, alpha=1.0, beta=1.0, workspace=workspace)
+        signature, fixed, attrs = specialization(r, values)
+        consts = {**fixed, **constexprs(r.kind, self.gemm_config, m, n, k)}
+        return TritonBuild(r.source, r.name, signature, consts, num_warps=self.gemm_config.num_warps,
+                           num_stages=self.gemm_config.num_stages, target=target, attrs=_attrs(attrs))
+
+    def build(self, builder: Builder | None = None) -> Future[Any]:
+        if interpreting():
+            return completed_future()  # the interpreter runs the sources themselves: nothing to compile
+        try:
+            # The target resolved here: the build pool's workers then need no GPU of their own.
+            requests = self.triton_builds(target=_current_target())
+            if builder is not None:
+                return _all([builder.submit(request, label=f"{self.name}:{kind}") for kind, request in
+                             requests.items()])
+            from tuneforge.compile import triton as triton_builder
+
+            return completed_future([triton_builder.build(request) for request in requests.values()])
+        except Exception as exc:  # e.g. no GPU to target, a compile error: this choice's own failure
+            return failed_future(exc)
+
+    # ------------------------------------------------------------------------------------------------ run
+
+    def run(self, args: Sequence[Any]) -> Any:
+        a, b, alpha, beta, bias, out = args
+        (m, k), n = a.shape, b.shape[1]
+        config = self.gemm_config
+        workspace = self._workspace(m, n, a.device) if config.split_k > 1 else None
+        for kind in config.kernels:
+            r = render(kind, self.dtype, self.epilogue)
+            values = arguments(r, a, b, out, bias=bias, alpha=alpha, beta=beta, workspace=workspace)
+            grid = GRIDS[kind](config, m, n, k)
+            if interpreting():
+                fn = self._interpreted(r, m, n, k)
+                fn[grid](*values, **constexprs(kind, config, m, n, k), num_warps=config.num_warps,
+                         num_stages=config.num_stages)
+            else:
+                self._launch(r, values, grid, m, n, k)
+        return out
+
+    def _workspace(self, m: int, n: int, device: Any) -> Any:
+        """The split-K partial sums, allocated once per shape and device (kernels of one stream reuse it)."""
+        key = (m, n, str(device))
+        found = self._workspaces.get(key)
+        if found is None:
+            import torch
+
+            found = torch.empty(workspace_shape(self.gemm_config, m, n), dtype=torch.float32, device=device)
+            self._workspaces = {key: found}  # one shape at a time: a choice is tuned and called per layout
+        return found
+
+    def _interpreted(self, r: Rendered, m: int, n: int, k: int) -> Any:
+        found = self._kernels.get((r.kind, "interpreted"))
+        if found is None:
+            from tuneforge.compile.triton import TritonBuild, jit_function
+
+            consts = constexprs(r.kind, self.gemm_config, m, n, k)
+            found = jit_function(TritonBuild(r.source, r.name, r.signature, consts))
+            self._kernels[(r.kind, "interpreted")] = found
+        return found
+
+    def _launch(self, r: Rendered, values: tuple[Any, ...], grid: tuple[int, int, int], m: int, n: int,
+                k: int) -> None:
+        signature, fixed, attrs = specialization(r, values)
+        memo = (r.kind, m, n, k, tuple(fixed), tuple(attrs))
+        found = self._kernels.get(memo)
+        if found is None:
+            from tuneforge.compile import triton as triton_builder
+
+            consts = {**fixed, **constexprs(r.kind, self.gemm_config, m, n, k)}
+            request = triton_builder.TritonBuild(r.source, r.name, signature, consts,
+                                                 num_warps=self.gemm_config.num_warps,
+                                                 num_stages=self.gemm_config.num_stages,
+                                                 target=_current_target(), attrs=_attrs(attrs))
+            # A compiled kernel takes every argument in signature order, the constexprs' values included.
+            order = [(name, consts.get(name)) for name in signature]
+            found = (triton_builder.load(request), order)
+            self._kernels[memo] = found
+        kernel, order = found
+        runtime = dict(zip(r.runtime_params, values, strict=True))
+        kernel[grid](*(runtime[name] if value is None else value for name, value in order))
+
+
+@functools.cache
+def _current_target() -> Any:
+    """This process's GPU as a GpuTarget (asked once: the builds of every choice name it)."""
+    from tuneforge.compile.triton_env import current_target
+
+    return current_target()
+
+
+def _attrs(attrs: Mapping[tuple[int], Any]) -> dict[tuple[int, ...], Any]:
+    return {tuple(where): pairs for where, pairs in attrs.items()}
+
+
+def _all(futures: list[Future[Any]]) -> Future[Any]:
+    """One future for several builds: their results in order, or the first failure."""
+    combined: Future[Any] = Future()
+    left = [len(futures)]
+
+    def done(_: Future[Any]) -> None:
+        if combined.done():
+            return
+        failed = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
+        if failed is not None:
+            combined.set_exception(failed)
+            return
+        left[0] -= 1
+        if left[0] == 0:
+            combined.set_result([f.result() for f in futures])
+
+    for future in futures:
+        future.add_done_callback(done)
+    return combined
+
+
+def torch_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any = None, *,
+               activation: str = "none") -> Any:
+    """The library reference: torch.mm / torch.addmm (cuBLAS on CUDA tensors) with the epilogue
+    ``out = act(alpha * a @ b + beta * out + bias)``; allocates `out` when it is None (and beta is 0)."""
+    import torch
+
+    if out is None:
+        if beta != 0:
+            raise ValueError("beta != 0 needs an out tensor to accumulate into")
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    if beta == 0 and bias is None and alpha == 1:
+        torch.mm(a, b, out=out)
+    elif beta == 0 and bias is not None:
+        torch.addmm(bias, a, b, alpha=alpha, out=out)  # cuBLASLt's bias epilogue
+    else:  # beta == 0: addmm ignores out's contents (NaN included)
+        out.addmm_(a, b, beta=beta, alpha=alpha)
+        if bias is not None:
+            out.add_(bias)
+    if activation == "relu":
+        out.relu_()
+    elif activation == "silu":
+        torch.nn.functional.silu(out, inplace=True)
+    elif activation == "gelu_tanh":
+        out.copy_(torch.nn.functional.gelu(out, approximate="tanh"))
+    elif activation != "none":
+        raise ValueError(f"unknown activation {activation!r}")
+    return out
