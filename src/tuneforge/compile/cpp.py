@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import re
-import subprocess
 import sys
 import sysconfig
 import time
@@ -29,8 +28,8 @@ from typing import Any
 
 from tuneforge import config
 from tuneforge.compile import builders
-from tuneforge.compile.failed import keep_failed
-from tuneforge.compile.toolchain import Toolchain, default_toolchain, run_command
+from tuneforge.compile.failed import keep_failed, run_compiler
+from tuneforge.compile.toolchain import Toolchain, default_toolchain
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry
@@ -157,13 +156,8 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
     (staging / SOURCE_NAME).write_text(build.source)
     command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)
     started = time.perf_counter()
-    timeout = config.get_float("compile_timeout_s")
-    try:
-        proc = run_command(command, cwd=staging, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kept = _keep_failed(key, build, command, f"timed out after {timeout} s")
-        raise CompileError(f"C++ compile timed out after {timeout:g} s (setting compile_timeout_s)",
-                           command=command, stderr="", source_path=kept) from None
+    proc = run_compiler(command, cwd=staging, what="C++ compile",
+                        keep=lambda output: _keep_failed(key, build, command, output))
     if proc.returncode != 0 or not (staging / build.output_name).is_file():
         kept = _keep_failed(key, build, command, proc.stderr)
         raise CompileError(f"C++ compile failed with exit code {proc.returncode}", command=command,

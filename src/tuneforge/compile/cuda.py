@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -30,8 +29,7 @@ from tuneforge.compile import builders
 from tuneforge.compile.cpp import include_dir_digest
 from tuneforge.compile.cuda_driver import CudaError, CudaModule, current_context, device_arch, load_image
 from tuneforge.compile.cuda_toolchain import NVRTC_RUNNER, CudaToolchain, select_toolchain
-from tuneforge.compile.failed import keep_failed
-from tuneforge.compile.toolchain import run_command
+from tuneforge.compile.failed import keep_failed, run_compiler
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry
@@ -177,13 +175,8 @@ def _compile_into(staging: Path, key: str, build: CudaBuild, toolchain: CudaTool
     (staging / SOURCE_NAME).write_text(build.source)
     command = _runner_command(build, toolchain, arch)
     started = time.perf_counter()
-    timeout = config.get_float("compile_timeout_s")
-    try:
-        proc = run_command(command, cwd=staging, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kept = _keep_failed(key, build, command, f"timed out after {timeout} s")
-        raise CompileError(f"CUDA compile ({toolchain.kind}) timed out after {timeout:g} s (setting "
-                           "compile_timeout_s)", command=command, stderr="", source_path=kept) from None
+    proc = run_compiler(command, cwd=staging, what=f"CUDA compile ({toolchain.kind})",
+                        keep=lambda output: _keep_failed(key, build, command, output))
     output = staging / CUBIN_NAME
     if proc.returncode != 0 or not output.is_file():
         kept = _keep_failed(key, build, command, proc.stderr)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneforge import config
 from tuneforge.compile import builders
+from tuneforge.compile.failed import keep_failed
 from tuneforge.compile.triton_env import (
     GpuTarget,
     TritonBuildError,
@@ -54,7 +54,6 @@ ARTIFACT_FORMAT = 1
 KEY_PREFIX = "tri"
 SOURCE_NAME = "kernel_source.py"  # the Python source, for `cache explain` and for loading by key
 STEM = "kernel"  # Triton's files are stored as kernel.<ext>: a kernel's own name could be "manifest"
-_KEEP_FAILED = 50  # failed builds kept for inspection under <cache_dir>/failed/ (shared with C++)
 Constexpr = int | float | bool | str
 # Triton's specialization attributes: (argument index,) -> [[name, value], ...], e.g. {(0,): [["tt.divisibility", 16]]}
 Attrs = Mapping[tuple[int, ...], Sequence[Sequence[Any]]]
@@ -200,20 +199,7 @@ def _failure(build: TritonBuild, key: str, target: GpuTarget | None, what: str, 
 
 
 def _keep_failed(key: str, build: TritonBuild, command: Sequence[str], error: str) -> Path | None:
-    """Keep the source of a failed build where the user can open it; bounded to the newest few."""
-    failed_root = config.get_path("cache_dir") / "failed"
-    target = failed_root / key
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        (target / SOURCE_NAME).write_text(build.source)
-        (target / "command.txt").write_text(" ".join(command) + "\n")
-        (target / "stderr.txt").write_text(error + "\n")
-        for stale in sorted(failed_root.iterdir(), key=lambda p: p.stat().st_mtime)[:-_KEEP_FAILED]:
-            shutil.rmtree(stale, ignore_errors=True)
-    except OSError as exc:
-        log.warning("cannot keep failed source under %s: %s", failed_root, exc)
-        return None
-    return target / SOURCE_NAME
+    return keep_failed(key, SOURCE_NAME, build.source, command, error)
 
 
 def jit_function(build: TritonBuild) -> Any:
