@@ -21,6 +21,7 @@ from tuneforge import config, cpuinfo
 from tuneforge.tune import fingerprint
 from tuneforge.tune.choices import ExternChoice
 from tuneforge.tune.select import clear_memo, select_detailed, selection_key
+from tuneforge.tune.specs import TensorSpec, key_of
 
 from . import tuning_kernels as k
 from .conftest import run_python
@@ -171,3 +172,32 @@ def test_another_or_upgraded_compiler_gives_another_key_in_a_fresh_process(cache
     upgraded.chmod(0o755)
     os.replace(upgraded, wrapper_compiler)
     assert child_key(str(wrapper_compiler)) not in (default, wrapped)
+
+
+def test_a_selection_on_a_gpu_is_keyed_by_that_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    def on(name: str, capability: list[int]) -> str:
+        # No GPU here: stand in for what gpu_fingerprint reads off the device, through its own hashing.
+        facts = fingerprint.gpu_facts(name=name, capability=capability, sms=132, memory_bytes=80 << 30,
+                                      driver=12080, cuda="12.8", torch="2.13.0", triton="3.8.0")
+        monkeypatch.setattr(fingerprint, "gpu_fingerprint", lambda index: facts)
+        return selection_key("mm", [TensorSpec.contiguous((64, 64), "float16", device="cuda"),
+                                    TensorSpec.contiguous((64, 64), "float16", device="cuda")])
+
+    h100, a100, again = on("NVIDIA H100 80GB HBM3", [9, 0]), on("NVIDIA A100-SXM4-80GB", [8, 0]), \
+        on("NVIDIA H100 80GB HBM3", [9, 0])
+    cpu = selection_key("mm", [TensorSpec.contiguous((64, 64), "float16")] * 2)
+    assert h100 == again and len({h100, a100, cpu}) == 3
+    # A CPU selection's key has no GPU in it: the records of every earlier version still answer.
+    assert cpu == fingerprint.selection_key("mm", {"args": [key_of(TensorSpec.contiguous((64, 64), "float16"))] * 2},
+                                            gpu=None)
+
+
+@pytest.mark.gpu
+def test_the_gpu_fingerprint_reads_the_device() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tuneforge.tune.fingerprint import gpu_fingerprint
+
+    facts = gpu_fingerprint(0)
+    assert facts["name"] == torch.cuda.get_device_name(0) and facts["driver"] > 0 and len(facts["hash"]) > 20

@@ -83,6 +83,14 @@ def check(call: str, result: int, lib: ctypes.CDLL | None = None, hint: str = ""
                     name=name)
 
 
+def driver_version() -> int:
+    """The CUDA driver's version (e.g. 12080 for 12.8); a CudaError where there is no driver."""
+    lib = driver()
+    version = ctypes.c_int()
+    check("cuDriverGetVersion", lib.cuDriverGetVersion(ctypes.byref(version)), lib)
+    return int(version.value)
+
+
 def _current(lib: ctypes.CDLL) -> int:
     ctx = _HANDLE()
     check("cuCtxGetCurrent", lib.cuCtxGetCurrent(ctypes.byref(ctx)), lib)

@@ -2,8 +2,10 @@
 
 A record tuned here answers only where the same code would run the same way: the same OS and
 architecture, CPU (model, family/model numbers, vector ISA, core count), compiler (its own content
-hash), Python and tuneforge. These facts sit above the compiler layer (the compiler's identity comes
-from its cached probe), so they live in `tune`, not beside the content hashes of `hashing`.
+hash), Python and tuneforge; for a selection on a GPU also that GPU (name, compute capability, SM
+count, memory), its driver and the CUDA, torch and Triton versions. These facts sit above the
+compiler layer (the compiler's identity comes from its cached probe), so they live in `tune`, not
+beside the content hashes of `hashing`.
 """
 
 from __future__ import annotations
@@ -58,7 +60,35 @@ def clear_fingerprint_cache() -> None:
     _fingerprint.cache_clear()
 
 
-def selection_key(op: str, what: Mapping[str, Any]) -> str:
+def gpu_facts(**facts: Any) -> dict[str, Any]:
+    """A GPU's fingerprint from its facts (as `gpu_fingerprint` reads them), with their hash."""
+    return {**facts, "hash": key_hash(facts)}
+
+
+@functools.lru_cache(maxsize=16)
+def gpu_fingerprint(index: int) -> dict[str, Any]:
+    """Facts about CUDA device `index` (torch's numbering) that can change a tuning result."""
+    import torch
+
+    from tuneforge.compile.cuda_driver import driver_version
+
+    props = torch.cuda.get_device_properties(index)
+    try:
+        import triton
+
+        triton_version: str | None = str(triton.__version__)
+    except ImportError:
+        triton_version = None
+    return gpu_facts(name=props.name, capability=[props.major, props.minor], sms=props.multi_processor_count,
+                     memory_bytes=props.total_memory, driver=driver_version(), cuda=torch.version.cuda,
+                     torch=torch.__version__, triton=triton_version)
+
+
+def selection_key(op: str, what: Mapping[str, Any], *, gpu: int | None = None) -> str:
     """The key of one selection: the op, what its decision depends on (`what`: the arguments' keys for
-    select(), the launcher's key for @autotune) and this machine's fingerprint."""
-    return "sel" + key_hash({"op": op, **what, "system": system_fingerprint()["hash"]})
+    select(), the launcher's key for @autotune), this machine's fingerprint and, for a selection on
+    CUDA device `gpu`, that GPU's (a CPU selection's key is what it always was)."""
+    facts = {"op": op, **what, "system": system_fingerprint()["hash"]}
+    if gpu is not None:
+        facts["gpu"] = gpu_fingerprint(gpu)["hash"]
+    return "sel" + key_hash(facts)

@@ -28,7 +28,7 @@ from tuneforge.store.records import Record
 from tuneforge.store.shipped import Nearest
 from tuneforge.store.tiers import RecordSource, record_tiers
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
-from tuneforge.tune.device import DeviceContextLost
+from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
@@ -73,8 +73,8 @@ def _arg_key(value: Any) -> Any:
 
 
 def selection_key(name: str, args: Sequence[Any]) -> str:
-    """Op name + every argument's key_of + this machine's fingerprint."""
-    return make_selection_key(name, {"args": [_arg_key(a) for a in args]})
+    """Op name + every argument's key_of + this machine's fingerprint (+ the GPU's, for CUDA arguments)."""
+    return make_selection_key(name, {"args": [_arg_key(a) for a in args]}, gpu=cuda_index(job_device(args)))
 
 
 def _spec_or_value(value: Any) -> Any:
