@@ -89,3 +89,13 @@ def test_limits_from_torch_on_a_gpu() -> None:
     limits = DeviceLimits.from_torch()
     assert limits.sm_count > 0 and limits.smem_per_block >= 48 * 1024 and limits.capability >= (7, 0)
     assert default_space(4096, 4096, 4096, "float16", limits)
+
+
+def test_a_small_shared_memory_gets_shallower_pipelines_not_nothing() -> None:
+    from dataclasses import replace
+
+    small = replace(H100_SXM, name="48 KiB", smem_per_block=48 * 1024)
+    configs = default_space(4096, 4096, 4096, "float16", small)
+    assert configs and all(fits(c, "float16", small) for c in configs)
+    assert min(c.num_stages for c in configs) < min(c.num_stages for c in default_space(4096, 4096, 4096, "float16",
+                                                                                      H100_SXM))

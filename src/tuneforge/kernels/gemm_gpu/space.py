@@ -125,8 +125,11 @@ def default_space(m: int, n: int, k: int, dtype: str, limits: DeviceLimits) -> l
         bm, bn, bk = _cap(bm if m > bm else m, BLOCKS_MN), _cap(min(bn, n), BLOCKS_MN), _cap(min(bk, k), BLOCKS_K)
         base = Config(bm, bn, bk, group_m=8, split_k=1, num_warps=warps, num_stages=stages)
         for split in (1, *_splits(base, m, n, k, limits)):
-            config = Config(bm, bn, bk, 8, split, warps, stages)
-            if fits(config, dtype, limits):
+            # A pipeline too deep for this device's shared memory: the same tiles with fewer stages
+            # (a 48 KiB or 99 KiB part would otherwise get no configuration at all for large tiles).
+            config = next((c for depth in range(stages, STAGES[0] - 1, -1)
+                           if fits(c := Config(bm, bn, bk, 8, split, warps, depth), dtype, limits)), None)
+            if config is not None:
                 configs[config] = None
     return list(configs)[:16]
 
