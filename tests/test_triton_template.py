@@ -130,3 +130,41 @@ def test_choices_differ_by_configuration_and_source() -> None:
     assert len({a.hash_key, b.hash_key, c.hash_key, other.hash_key}) == 4
     assert a.family == other.family == "triton:t-differ" and a.params == {"BLOCK": 64, "num_warps": 4, "num_stages": 3}
     assert template.choices([{"BLOCK": 64}])[0].hash_key == a.hash_key  # stable
+
+
+def test_a_choice_names_its_target_before_the_pool_builds_it(cache_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+    from typing import Any
+
+    from tuneforge.compile import triton_env
+    from tuneforge.compile.pool import BuildPool
+    from tuneforge.compile.triton import GpuTarget
+
+    source = KERNELS.split('SOURCE = """')[1].split('"""')[0]
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    template = TritonTemplate("t-target", source, "scale_kernel", signature, grid=lambda c, a: (1,),
+                              render={"factor": 2.0, "broken": False})
+    choice = template.choices([{"BLOCK": 128}])[0]
+
+    triton_env.build_target.cache_clear()
+    try:
+        without = choice.build(None)  # no GPU: the choice fails at once, naming why, and submits nothing
+        with pytest.raises(triton_env.TritonBuildError, match="no GPU"):
+            without.result(timeout=0)
+
+        triton_env.build_target.cache_clear()  # this process's GPU, as the driver would name it
+        monkeypatch.setattr(triton_env, "current_target", lambda: GpuTarget(arch=90))
+        submitted: list[Any] = []
+
+        class Recording(BuildPool):
+            def submit(self, build: object, *, label: str = "") -> Future[Any]:
+                submitted.append(build)
+                return super().submit(build, label=label)
+
+        with Recording(1) as pool:
+            result = choice.build(pool).result(timeout=300)
+        assert [b.target for b in submitted] == [GpuTarget(arch=90)]  # resolved here, not in the worker
+        assert result.compiled and Path(result.path).read_bytes()[:4] == b"\x7fELF"
+    finally:
+        triton_env.build_target.cache_clear()

@@ -6,6 +6,7 @@ Kept apart from the builder (`tuneforge.compile.triton`) because each answer is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -68,6 +69,13 @@ def current_target(why: str = "TritonBuild.target is None, which means the curre
     except Exception as exc:  # Triton's own message ("0 active drivers") does not say what to do
         raise TritonBuildError(f"{why}, and this process has no GPU ({exc}); {advice}") from exc
     return GpuTarget(str(found.backend), found.arch, int(found.warp_size))
+
+
+@functools.cache
+def build_target() -> GpuTarget:
+    """This process's GPU, asked once: what a choice's builds name, resolved in the process that tunes, so
+    that the build pool's workers (forked, perhaps after CUDA started here) never ask a driver themselves."""
+    return current_target()
 
 
 def resolve_target(target: GpuTarget | None) -> GpuTarget:

@@ -119,19 +119,23 @@ class TritonChoice(ConfiguredChoice):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_kernel": None}  # a loaded kernel stays in its process
 
-    def triton_build(self) -> Any:
-        """The `TritonBuild` of this choice for the current GPU."""
+    def triton_build(self, target: Any = None) -> Any:
+        """The `TritonBuild` of this choice for `target` (a GpuTarget; None: the GPU of the process that
+        builds it)."""
         from tuneforge.compile.triton import TritonBuild
 
         return TritonBuild(self.source, self.template.kernel, self.template.signature,
                            dict(self.triton_config.kwargs), num_warps=self.triton_config.num_warps,
-                           num_stages=self.triton_config.num_stages)
+                           num_stages=self.triton_config.num_stages, target=target)
 
     def build(self, builder: Builder | None = None) -> Future[Any]:
         if interpreting():
             return completed_future()  # the interpreter runs the source itself: nothing to compile
         try:
-            request = self.triton_build()
+            from tuneforge.compile.triton_env import build_target
+
+            # The target resolved here: the build pool's workers then need no GPU (or CUDA) of their own.
+            request = self.triton_build(build_target())
             if builder is not None:
                 return builder.submit(request, label=self.name)
             from tuneforge.compile import triton as triton_builder
@@ -144,8 +148,12 @@ class TritonChoice(ConfiguredChoice):
         if self._kernel is None:
             from tuneforge.compile import triton as triton_builder
 
-            request = self.triton_build()
-            self._kernel = triton_builder.jit_function(request) if interpreting() else triton_builder.load(request)
+            if interpreting():
+                self._kernel = triton_builder.jit_function(self.triton_build())
+            else:
+                from tuneforge.compile.triton_env import build_target
+
+                self._kernel = triton_builder.load(self.triton_build(build_target()))
         return self._kernel
 
     def run(self, args: Sequence[Any]) -> Any:

@@ -13,13 +13,13 @@ run on CPU tensors instead, which is how this is tested without a GPU.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tuneforge.compile.triton_env import build_target
 from tuneforge.hashing import key_hash
 from tuneforge.kernels.gemm_gpu.render import (
     GRIDS,
@@ -144,7 +144,7 @@ class GemmTritonChoice(ConfiguredChoice):
             return completed_future()  # the interpreter runs the sources themselves: nothing to compile
         try:
             # The target resolved here: the build pool's workers then need no GPU of their own.
-            requests = self.triton_builds(target=_current_target())
+            requests = self.triton_builds(target=build_target())
             if builder is not None:
                 return _all([builder.submit(request, label=f"{self.name}:{kind}") for kind, request in
                              requests.items()])
@@ -206,7 +206,7 @@ class GemmTritonChoice(ConfiguredChoice):
             request = triton_builder.TritonBuild(r.source, r.name, signature, consts,
                                                  num_warps=self.gemm_config.num_warps,
                                                  num_stages=self.gemm_config.num_stages,
-                                                 target=_current_target(), attrs=_attrs(attrs))
+                                                 target=build_target(), attrs=_attrs(attrs))
             # A compiled kernel takes every argument in signature order, the constexprs' values included.
             order = [(name, consts.get(name)) for name in signature]
             found = (triton_builder.load(request), order)
@@ -214,14 +214,6 @@ class GemmTritonChoice(ConfiguredChoice):
         kernel, order = found
         runtime = dict(zip(r.runtime_params, values, strict=True))
         kernel[grid](*(runtime[name] if value is None else value for name, value in order))
-
-
-@functools.cache
-def _current_target() -> Any:
-    """This process's GPU as a GpuTarget (asked once: the builds of every choice name it)."""
-    from tuneforge.compile.triton_env import current_target
-
-    return current_target()
 
 
 def _attrs(attrs: Mapping[tuple[int], Any]) -> dict[tuple[int, ...], Any]:
