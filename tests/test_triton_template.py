@@ -147,13 +147,13 @@ def test_a_choice_names_its_target_before_the_pool_builds_it(cache_dir: Path,
                               render={"factor": 2.0, "broken": False})
     choice = template.choices([{"BLOCK": 128}])[0]
 
-    triton_env.build_target.cache_clear()
+    triton_env.forget_targets()
     try:
         without = choice.build(None)  # no GPU: the choice fails at once, naming why, and submits nothing
         with pytest.raises(triton_env.TritonBuildError, match="no GPU"):
             without.result(timeout=0)
 
-        triton_env.build_target.cache_clear()  # this process's GPU, as the driver would name it
+        triton_env.forget_targets()  # this process's GPU, as the driver would name it
         monkeypatch.setattr(triton_env, "current_target", lambda: GpuTarget(arch=90))
         submitted: list[Any] = []
 
@@ -167,4 +167,4 @@ def test_a_choice_names_its_target_before_the_pool_builds_it(cache_dir: Path,
         assert [b.target for b in submitted] == [GpuTarget(arch=90)]  # resolved here, not in the worker
         assert result.compiled and Path(result.path).read_bytes()[:4] == b"\x7fELF"
     finally:
-        triton_env.build_target.cache_clear()
+        triton_env.forget_targets()

@@ -9,7 +9,9 @@ Triton runs, Triton's resolved options and its cache-invalidating environment va
 `build` compiles without a GPU for an explicit target and stores every file Triton produces for the
 kernel in one entry (through the local store and the remote tier, like C++ artifacts). `load` turns
 the stored files back into Triton's launchable `CompiledKernel` the way Triton does on its own cache
-hits, without compiling.
+hits, without compiling. `launcher` is what tuneforge's choices run: the stored cubin launched through
+the CUDA driver (compile/triton_launch.py), and given the key a tuning record kept, found without
+importing Triton at all (the key's own computation needs Triton's hash of the function).
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ import json
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tuneforge.compile import builders
 from tuneforge.compile.failed import keep_failed
@@ -40,13 +41,15 @@ from tuneforge.compile.triton_env import (
     resolved_options,
 )
 from tuneforge.errors import CompileError
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.hashing import code_hash, key_hash
 from tuneforge.store.artifacts import Entry
 from tuneforge.store.default import default_store
+from tuneforge.store.entry import KEY_RE
 from tuneforge.store.tiers import artifact_tiers
 
-__all__ = ["ARTIFACT_FORMAT", "GpuTarget", "TritonArtifact", "TritonBuild", "TritonBuildError", "artifact_key",
-           "build", "compiled_kernel", "kernel_files", "load"]
+__all__ = ["ARTIFACT_FORMAT", "GpuTarget", "Launcher", "TritonArtifact", "TritonBuild", "TritonBuildError",
+           "artifact_key", "build", "build_identity", "compiled_kernel", "kernel_files", "launcher", "load"]
 
 log = logging.getLogger("tuneforge.compile.triton")
 
@@ -202,6 +205,17 @@ def _keep_failed(key: str, build: TritonBuild, command: Sequence[str], error: st
     return keep_failed(key, SOURCE_NAME, build.source, command, error)
 
 
+def build_identity(build: TritonBuild, target: GpuTarget) -> str:
+    """What `build` is for `target`, hashed without Triton: kept in the artifact's meta, so that a key taken
+    from a tuning record (data from outside) is trusted only for the build it was made from."""
+    return "tid" + key_hash({
+        "source_sha256": hashlib.sha256(build.source.encode()).hexdigest(), "kernel": build.kernel,
+        "signature": [[name, kind] for name, kind in build.signature.items()],
+        "constexprs": dict(build.constexprs), "num_warps": build.num_warps, "num_stages": build.num_stages,
+        "target": {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size},
+        "attrs": _attrs_material(build.attrs)})
+
+
 def jit_function(build: TritonBuild) -> Any:
     """The kernel's JITFunction, from the source imported as a generated module (tuneforge.compile.python),
     so that triton.jit can read the function's source from a real file. CompileError if it does not import."""
@@ -263,7 +277,7 @@ def artifact_key(build: TritonBuild) -> tuple[str, dict[str, Any]]:
 
 # Triton's cache directory is process-wide (a knob that also sets os.environ), so compiles in one process
 # take turns; processes (the build pool's workers) compile in parallel.
-_compile_lock = threading.Lock()
+_compile_lock = ForkSafeLock()
 
 
 def _compile_into(staging: Path, key: str, build: TritonBuild, target: GpuTarget) -> dict[str, Any]:
@@ -304,7 +318,8 @@ def _compile_into(staging: Path, key: str, build: TritonBuild, target: GpuTarget
             "source": SOURCE_NAME, "triton_hash": str(compiled.hash), "signature": dict(build.signature),
             "constexprs": dict(build.constexprs), "num_warps": build.num_warps, "num_stages": build.num_stages,
             "target": {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size},
-            "shared": int(compiled.metadata.shared), "compile_seconds": round(seconds, 4)}
+            "shared": int(compiled.metadata.shared), "compile_seconds": round(seconds, 4),
+            "build_identity": build_identity(build, target)}
 
 
 def _triton_attrs(build: TritonBuild) -> dict[tuple[int, ...], list[list[Any]]]:
@@ -345,7 +360,7 @@ def kernel_files(build_: TritonBuild) -> dict[str, bytes]:
 # --------------------------------------------------------------------------------------------- load
 
 _loaded: dict[tuple[str, TritonBuild], Any] = {}
-_load_lock = threading.Lock()
+_load_lock = ForkSafeLock()
 
 
 def compiled_kernel(build_: TritonBuild) -> Any:
@@ -362,6 +377,78 @@ def compiled_kernel(build_: TritonBuild) -> Any:
     kernel = CompiledKernel(source, group, meta["triton_hash"])  # reads every file now: eviction cannot hurt it
     kernel.tuneforge_key = artifact.key  # for users, as the C++ loaders' tuneforge_key
     return kernel
+
+
+class Launcher(Protocol):
+    """A kernel ready to launch: ``launcher(grid, runtime_args, device)`` on torch's current stream of
+    `device`, the run-time arguments (those not constexpr) in signature order."""
+
+    key: str
+
+    def __call__(self, grid: Sequence[int], args: Sequence[Any], device: int) -> None: ...
+
+
+class _TritonLaunched:
+    """A `Launcher` over Triton's CompiledKernel, for kernels the driver launcher does not do."""
+
+    def __init__(self, kernel: Any, build_: TritonBuild, key: str) -> None:
+        self.key, self._kernel = key, kernel
+        self._order = [(name, build_.constexprs.get(name)) for name in build_.signature]
+
+    def __call__(self, grid: Sequence[int], args: Sequence[Any], device: int) -> None:
+        runtime = iter(args)  # a CompiledKernel takes every argument, the constexprs' values included
+        self._kernel[tuple(grid)](*(next(runtime) if value is None else value for _, value in self._order))
+
+
+_launchers: dict[tuple[str, TritonBuild], Launcher] = {}
+
+
+def stored_entry(key: str, build_: TritonBuild) -> Entry | None:
+    """The entry stored under `key` (local store, else the remote) if its meta says it was built from
+    `build_` (whose target must be given); None otherwise: not a Triton key, stored nowhere, or built from
+    something else (a record from another build, or tampered with). Needs neither Triton nor a GPU."""
+    if build_.target is None or not isinstance(key, str) or not key.startswith(KEY_PREFIX) \
+            or not KEY_RE.fullmatch(key):
+        return None
+    try:
+        entry = artifact_tiers.fetch(key)
+    except Exception as exc:  # a damaged entry, an unreachable remote: the caller builds instead
+        log.debug("artifact %s from a record does not load: %s", key, exc)
+        return None
+    if entry is None:
+        return None
+    if entry.meta.get("build_identity") != build_identity(build_, build_.target):
+        log.warning("not using artifact %s named by a tuning record: it was not built from this kernel's build",
+                    key)
+        return None
+    return entry
+
+
+def launcher(build_: TritonBuild, *, key: str | None = None) -> Launcher:
+    """A launcher of `build_` on this process's GPU (`build_.target` must be the GPU's), memoised per process.
+
+    With `key` (a tuning record's, see `stored_entry`), a stored entry built from `build_` is launched
+    without importing Triton; otherwise the artifact comes from `build` (the store, the remote, else
+    compiled). Launched through the CUDA driver unless it needs what only Triton's launcher does.
+    """
+    memo = (str(default_store().root), build_)
+    with _load_lock:
+        known = _launchers.get(memo)
+    if known is not None:
+        return known
+    from tuneforge.compile.triton_launch import LaunchUnsupported, StoredTritonKernel
+
+    entry = stored_entry(key, build_) if key is not None else None
+    if entry is None:
+        entry = build(build_).entry
+    found: Launcher
+    try:
+        found = StoredTritonKernel(entry, build_.signature)
+    except LaunchUnsupported as exc:
+        log.debug("%s: launched through Triton (%s)", build_.kernel, exc)
+        found = _TritonLaunched(load(build_), build_, entry.key)
+    with _load_lock:
+        return _launchers.setdefault(memo, found)
 
 
 def load(build_: TritonBuild) -> Any:

@@ -72,10 +72,36 @@ def current_target(why: str = "TritonBuild.target is None, which means the curre
 
 
 @functools.cache
+def device_target(index: int) -> GpuTarget:
+    """The target of CUDA device `index` (torch's numbering), asked once, without importing Triton (a warm
+    start must not pay for it): the same answer as Triton's driver, compute capability major * 10 + minor."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return GpuTarget("cuda", int(major) * 10 + int(minor), 32)
+
+
 def build_target() -> GpuTarget:
-    """This process's GPU, asked once: what a choice's builds name, resolved in the process that tunes, so
-    that the build pool's workers (forked, perhaps after CUDA started here) never ask a driver themselves."""
+    """This process's current GPU: what a choice's builds name, resolved in the process that tunes, so that
+    the build pool's workers (forked, perhaps after CUDA started here) never ask a driver themselves."""
+    try:
+        import torch
+    except ImportError:
+        return _triton_target()
+    if not torch.cuda.is_available():
+        return _triton_target()  # its error says what to do
+    return device_target(int(torch.cuda.current_device()))
+
+
+@functools.cache
+def _triton_target() -> GpuTarget:
     return current_target()
+
+
+def forget_targets() -> None:
+    """Ask the devices again (the targets are cached per process)."""
+    device_target.cache_clear()
+    _triton_target.cache_clear()
 
 
 def resolve_target(target: GpuTarget | None) -> GpuTarget:

@@ -73,15 +73,20 @@ def gpu_fingerprint(index: int) -> dict[str, Any]:
     from tuneforge.compile.cuda_driver import driver_version
 
     props = torch.cuda.get_device_properties(index)
-    try:
-        import triton
-
-        triton_version: str | None = str(triton.__version__)
-    except ImportError:
-        triton_version = None
+    triton_version = _package_version("triton")
     return gpu_facts(name=props.name, capability=[props.major, props.minor], sms=props.multi_processor_count,
                      memory_bytes=props.total_memory, driver=driver_version(), cuda=torch.version.cuda,
                      torch=torch.__version__, triton=triton_version)
+
+
+def _package_version(name: str) -> str | None:
+    """An installed package's version without importing it (importing Triton costs ~140 ms)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def selection_key(op: str, what: Mapping[str, Any], *, gpu: int | None = None) -> str:

@@ -110,14 +110,17 @@ class TritonChoice(ConfiguredChoice):
         self._hash = "tri" + key_hash({
             "template": template.name, "kernel": template.kernel, "source": key_hash(self.source),
             "signature": template.signature, "config": {k: key_value(v) for k, v in sorted(self.config.items())}})
-        self._kernel: Any = None
+        self.artifact_key: str | None = None  # once built: where the compiled kernel is (records keep it)
+        self.key_hint: str | None = None  # the artifact its record names
+        self._kernel: Any = None  # under the interpreter: the @triton.jit function
+        self._launchers: dict[int, Any] = {}  # on a GPU: device -> the compiled kernel's launcher
 
     @property
     def family(self) -> str:
         return f"triton:{self.template.name}"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_kernel": None}  # a loaded kernel stays in its process
+        return {**self.__dict__, "_kernel": None, "_launchers": {}}  # loaded kernels stay in their process
 
     def triton_build(self, target: Any = None) -> Any:
         """The `TritonBuild` of this choice for `target` (a GpuTarget; None: the GPU of the process that
@@ -136,35 +139,60 @@ class TritonChoice(ConfiguredChoice):
 
             # The target resolved here: the build pool's workers then need no GPU (or CUDA) of their own.
             request = self.triton_build(build_target())
-            if builder is not None:
-                return builder.submit(request, label=self.name)
-            from tuneforge.compile import triton as triton_builder
+            if builder is None:
+                from tuneforge.compile import triton as triton_builder
 
-            return completed_future(triton_builder.build(request))
+                artifact = triton_builder.build(request)
+                self.artifact_key = artifact.key
+                return completed_future(artifact)
+            future = builder.submit(request, label=self.name)
         except Exception as exc:  # e.g. no GPU to target, a compile error: this choice's own failure
             return failed_future(exc)
+        future.add_done_callback(self._built)
+        return future
 
-    def _launcher(self) -> Any:
+    def _built(self, future: Future[Any]) -> None:
+        if future.exception() is None:
+            self.artifact_key = str(future.result().key)
+
+    def record_hints(self) -> dict[str, str]:
+        """Once built: the kernel's artifact key, so that a warm start launches it without importing Triton."""
+        return {"artifact": self.artifact_key} if self.artifact_key else {}
+
+    def use_record(self, info: Mapping[str, Any]) -> None:
+        """Take the artifact key the record kept (trusted only for the build it was made from)."""
+        key = info.get("artifact")
+        self.key_hint = key if isinstance(key, str) else None
+
+    def _interpreted(self) -> Any:
         if self._kernel is None:
             from tuneforge.compile import triton as triton_builder
 
-            if interpreting():
-                self._kernel = triton_builder.jit_function(self.triton_build())
-            else:
-                from tuneforge.compile.triton_env import build_target
-
-                self._kernel = triton_builder.load(self.triton_build(build_target()))
+            self._kernel = triton_builder.jit_function(self.triton_build())
         return self._kernel
 
+    def _launcher(self, device: int) -> Any:
+        found = self._launchers.get(device)
+        if found is None:
+            from tuneforge.compile import triton as triton_builder
+            from tuneforge.compile.triton_env import device_target
+
+            request = self.triton_build(device_target(device))
+            found = self._launchers[device] = triton_builder.launcher(request, key=self.key_hint)
+        return found
+
     def run(self, args: Sequence[Any]) -> Any:
-        kernel = self._launcher()
         values = list(self.template.arguments(args)) if self.template.arguments is not None else list(args)
         grid = tuple(self.template.grid(self.config, args))
-        constexprs = self.triton_config.kwargs
         if interpreting():
-            kernel[grid](*values, **constexprs)
-        else:  # a compiled kernel takes every argument in signature order, constexprs included
-            runtime = iter(values)
-            kernel[grid](*(constexprs[name] if kind == "constexpr" else next(runtime)
-                           for name, kind in self.template.signature.items()))
+            self._interpreted()[grid](*values, **self.triton_config.kwargs)
+        else:
+            device = _current_device()
+            self._launcher(device)(grid, values, device)
         return args[-1] if args else None
+
+
+def _current_device() -> int:
+    import torch
+
+    return int(torch.cuda.current_device())

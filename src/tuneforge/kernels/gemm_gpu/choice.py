@@ -13,6 +13,7 @@ run on CPU tensors instead, which is how this is tested without a GPU.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -109,6 +110,8 @@ class GemmTritonChoice(ConfiguredChoice):
         # for the tensors it is given, so the code that runs is decided by what is hashed here.
         self._hash = "tgm" + key_hash({"family": FAMILY, "kernels": list(config.kernels), "dtype": dtype,
                                        "epilogue": asdict(epilogue), "config": self.config, "sources": sources})
+        self.artifact_keys: dict[str, str] = {}  # kernel kind -> its artifact, once built for `layout`
+        self.key_hints: dict[str, str] = {}  # kernel kind -> the artifact its record names
         self._kernels: dict[tuple[Any, ...], Any] = {}
         self._workspaces: dict[tuple[Any, ...], Any] = {}
 
@@ -145,14 +148,37 @@ class GemmTritonChoice(ConfiguredChoice):
         try:
             # The target resolved here: the build pool's workers then need no GPU of their own.
             requests = self.triton_builds(target=build_target())
-            if builder is not None:
-                return _all([builder.submit(request, label=f"{self.name}:{kind}") for kind, request in
-                             requests.items()])
-            from tuneforge.compile import triton as triton_builder
+            if builder is None:
+                from tuneforge.compile import triton as triton_builder
 
-            return completed_future([triton_builder.build(request) for request in requests.values()])
+                artifacts = {kind: triton_builder.build(request) for kind, request in requests.items()}
+                self.artifact_keys = {kind: artifact.key for kind, artifact in artifacts.items()}
+                return completed_future(list(artifacts.values()))
+            futures = {kind: builder.submit(request, label=f"{self.name}:{kind}") for kind, request in requests.items()}
         except Exception as exc:  # e.g. no GPU to target, a compile error: this choice's own failure
             return failed_future(exc)
+        for kind, future in futures.items():  # before _all's own callbacks: keys known once the builds are
+            future.add_done_callback(functools.partial(self._built, kind))
+        return _all(list(futures.values()))
+
+    def _built(self, kind: str, future: Future[Any]) -> None:
+        if future.exception() is None:
+            self.artifact_keys[kind] = str(future.result().key)
+
+    def record_hints(self) -> dict[str, str]:
+        """Once built: the artifact key of each kernel for the layout it was tuned for, so that a warm
+        start launches them without importing Triton (see `use_record`)."""
+        if set(self.artifact_keys) != set(self.gemm_config.kernels):
+            return {}
+        return {"artifacts": ",".join(f"{kind}={key}" for kind, key in sorted(self.artifact_keys.items()))}
+
+    def use_record(self, info: Mapping[str, Any]) -> None:
+        """Take the artifact keys the record kept; each is trusted only for the build it was made from
+        (compile/triton.stored_entry), so a call of another layout builds its own kernels as before."""
+        hints = info.get("artifacts")
+        if isinstance(hints, str):
+            pairs = (item.partition("=") for item in hints.split(","))
+            self.key_hints = {kind: key for kind, _, key in pairs if kind in self.gemm_config.kernels and key}
 
     # ------------------------------------------------------------------------------------------------ run
 
@@ -170,7 +196,7 @@ class GemmTritonChoice(ConfiguredChoice):
                 fn[grid](*values, **constexprs(kind, config, m, n, k), num_warps=config.num_warps,
                          num_stages=config.num_stages)
             else:
-                self._launch(r, values, grid, m, n, k)
+                self._launch(r, values, grid, m, n, k, a.device.index)
         return out
 
     def _workspace(self, m: int, n: int, device: Any) -> Any:
@@ -195,25 +221,25 @@ class GemmTritonChoice(ConfiguredChoice):
         return found
 
     def _launch(self, r: Rendered, values: tuple[Any, ...], grid: tuple[int, int, int], m: int, n: int,
-                k: int) -> None:
+                k: int, device: int) -> None:
         signature, fixed, attrs = specialization(r, values)
-        memo = (r.kind, m, n, k, tuple(fixed), tuple(attrs))
+        memo = (r.kind, m, n, k, tuple(fixed), tuple(attrs), device)
         found = self._kernels.get(memo)
         if found is None:
             from tuneforge.compile import triton as triton_builder
+            from tuneforge.compile.triton_env import device_target
 
             consts = {**fixed, **constexprs(r.kind, self.gemm_config, m, n, k)}
             request = triton_builder.TritonBuild(r.source, r.name, signature, consts,
                                                  num_warps=self.gemm_config.num_warps,
                                                  num_stages=self.gemm_config.num_stages,
-                                                 target=build_target(), attrs=_attrs(attrs))
-            # A compiled kernel takes every argument in signature order, the constexprs' values included.
-            order = [(name, consts.get(name)) for name in signature]
-            found = (triton_builder.load(request), order)
+                                                 target=device_target(device), attrs=_attrs(attrs))
+            # The launcher takes the arguments not specialized away, by their place among `values`.
+            picks = [i for i, name in enumerate(r.runtime_params) if signature[name] != "constexpr"]
+            found = (triton_builder.launcher(request, key=self.key_hints.get(r.kind)), picks)
             self._kernels[memo] = found
-        kernel, order = found
-        runtime = dict(zip(r.runtime_params, values, strict=True))
-        kernel[grid](*(runtime[name] if value is None else value for name, value in order))
+        kernel, picks = found
+        kernel(grid, [values[i] for i in picks], device)
 
 
 def _attrs(attrs: Mapping[tuple[int], Any]) -> dict[tuple[int, ...], Any]:
