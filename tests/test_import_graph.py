@@ -17,7 +17,7 @@ import tuneforge
 
 PACKAGE = Path(tuneforge.__file__).parent
 LAYERS = ("base", "store", "compile", "tune", "kernels", "surface")
-BASE = {"_version", "errors", "parsing", "settings_schema", "config", "config_values", "hashing", "cpuinfo",
+BASE = {"_version", "errors", "forksafe", "parsing", "settings_schema", "config", "config_values", "hashing", "cpuinfo",
         "warn_once", "supervisor"}
 
 

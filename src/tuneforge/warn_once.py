@@ -2,17 +2,17 @@
 cache, an ignored record), so a loop over many keys or choices never floods the log.
 
 Later occurrences of a topic are logged at DEBUG, so `log_level=DEBUG` still shows each of them.
-Kept at the bottom of the package (it imports nothing of tuneforge) so every layer can use it.
+Kept at the bottom of the package (it imports only forksafe) so every layer can use it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
+
+from tuneforge.forksafe import ForkSafeLock
 
 _seen: set[str] = set()
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 
 
 def first_time(topic: str) -> bool:
@@ -39,12 +39,3 @@ def forget(topic: str | None = None) -> None:
             _seen.clear()
         else:
             _seen.discard(topic)
-
-
-def _after_fork_in_child() -> None:
-    # A fork while another thread held the lock would leave it held in the child forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -21,12 +21,12 @@ import importlib.util
 import logging
 import marshal
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.hashing import code_hash
 from tuneforge.store.default import default_store
 from tuneforge.store.entry import Entry
@@ -39,7 +39,7 @@ MODULE_PREFIX = "tuneforge_generated_"
 log = logging.getLogger("tuneforge.compile.python")
 
 _modules: dict[tuple[str, str], ModuleType] = {}
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 
 
 def _key(source: str) -> str:

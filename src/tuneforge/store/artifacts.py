@@ -24,12 +24,12 @@ import json
 import logging
 import os
 import stat
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store import fsutil as fs
 from tuneforge.store.entry import (
     MANIFEST,
@@ -91,7 +91,7 @@ class ArtifactStore:
         self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._real_shards: set[str] = set()  # shards of entries/ seen to be real directories
         self._cleaned_temp = False
-        self._mutex = threading.Lock()
+        self._mutex = ForkSafeLock()
         self._mode_checked = self._layout_checked = False  # whether it is writable, has no linked dirs
         self._overlay: ArtifactStore | None = None  # set when the store cannot be written
         weakref.finalize(self, self._stats.flush_quietly)  # on garbage collection or interpreter exit

@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import os
 import sqlite3
-import threading
 import time
 import urllib.parse
 import weakref
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store import fsutil as fs
 from tuneforge.store.record import (
     BUNDLE_FORMAT,
@@ -113,7 +113,7 @@ class RecordDB:
         self._mode_checked = False
         self._overlay: RecordDB | None = None  # takes the writes when the file cannot be written
         self._pid = os.getpid()
-        self._mutex = threading.RLock()
+        self._mutex = ForkSafeLock(reentrant=True)
         _instances.add(self)
 
     def __repr__(self) -> str:
@@ -138,7 +138,7 @@ class RecordDB:
             _abandoned.append(self._conn)
         self._conn = None
         self._pid = os.getpid()
-        self._mutex = threading.RLock()
+        self._mutex = ForkSafeLock(reentrant=True)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import threading
 from typing import TYPE_CHECKING
 
 from tuneforge import config
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.parsing import mask_url_password
 from tuneforge.warn_once import warn_once
 
@@ -18,12 +17,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tuneforge.store.remote")
 
-_defaults: dict[tuple[str, str, str | None], RemoteCache] = {}
-_defaults_lock = threading.Lock()
+_defaults: dict[tuple[str, str, str | None, float, int, float, float], RemoteCache] = {}
+_defaults_lock = ForkSafeLock()
 
 
 def default_remote() -> RemoteCache | None:
-    """The RemoteCache named by the settings (one per url, namespace and secret); None without remote.url.
+    """The RemoteCache named by the settings (one per url, namespace, secret, time-outs and limits: a
+    changed remote.timeout_s gets a cache that keeps it); None without remote.url.
 
     None too, with one warning, when the ``redis`` or ``zstandard`` package is missing.  A malformed
     setting raises ConfigError (an empty secret is refused by the settings themselves: it would
@@ -41,14 +41,15 @@ def default_remote() -> RemoteCache | None:
         return None
     from tuneforge.store.remote import RemoteCache
 
-    spec = (url, config.get_str("remote.namespace"), secret)
+    namespace, ttl_s, max_bytes = (config.get_str("remote.namespace"), config.get_float("remote.ttl_s"),
+                                   config.get_int("remote.max_entry_bytes"))
+    timeout_s, retry_s = config.get_float("remote.timeout_s"), config.get_float("remote.retry_s")
+    spec = (url, namespace, secret, ttl_s, max_bytes, timeout_s, retry_s)
     with _defaults_lock:
         cache = _defaults.get(spec)
         if cache is None or cache.closed:
-            cache = _defaults[spec] = RemoteCache(
-                url, namespace=spec[1], secret=spec[2], ttl_s=config.get_float("remote.ttl_s"),
-                max_entry_bytes=config.get_int("remote.max_entry_bytes"),
-                timeout_s=config.get_float("remote.timeout_s"), retry_s=config.get_float("remote.retry_s"))
+            cache = _defaults[spec] = RemoteCache(url, namespace=namespace, secret=secret, ttl_s=ttl_s,
+                                                  max_entry_bytes=max_bytes, timeout_s=timeout_s, retry_s=retry_s)
             if secret is None and not config.get_bool("remote.allow_unsigned"):
                 warn_once(log, "remote.unsigned", "remote artifacts are unsigned: anyone who can write to this "
                            "server can run code here (remote cache %s). Set TUNEFORGE_REMOTE_SECRET (setting "
@@ -56,11 +57,3 @@ def default_remote() -> RemoteCache | None:
                            "remote.allow_unsigned=true (TUNEFORGE_REMOTE_ALLOW_UNSIGNED=1) if every writer "
                            "of this server is trusted", mask_url_password(url))
         return cache
-
-
-def _after_fork_in_child() -> None:
-    global _defaults_lock
-    _defaults_lock = threading.Lock()  # another thread may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

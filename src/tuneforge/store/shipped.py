@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneforge import config
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store.record import Record, RecordError, read_records
 
 log = logging.getLogger("tuneforge.store")
@@ -60,7 +60,7 @@ class BundleSet:
         self._by_op: dict[str, set[str]] = {}
         self._paths: set[str] = set()
         self._skipped: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def add(self, path: str | os.PathLike[str]) -> int:
         """Register a bundle file (read once, validated); returns how many records it serves.

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store.fsutil import LockTimeout, atomic_write, file_lock, is_readonly_error
 from tuneforge.warn_once import warn_once
 
@@ -69,7 +69,7 @@ class StatsFile:
         self.lock_timeout_s = lock_timeout_s
         self._pending = self._zeros()
         self._kept = self._zeros()  # counters of a read-only file, kept in this process
-        self._mutex = threading.Lock()
+        self._mutex = ForkSafeLock()
         self._pid = os.getpid()
         self._last_flush = time.monotonic()
         # (file identity, counters) of the damaged file last repaired

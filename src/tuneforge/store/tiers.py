@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from tuneforge import config
+from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store.artifacts import ArtifactStore, Entry
 from tuneforge.store.default import artifacts_dir, default_records, default_store
 from tuneforge.store.record import Record
@@ -147,7 +148,7 @@ class RecordTiers:
 
 
 _MERGE_DELAY_S = 1.0
-_merge_lock = threading.Lock()
+_merge_lock = ForkSafeLock()
 _pending_merges: list[tuple[Any, dict[str, Any]]] = []
 _merge_timer: threading.Timer | None = None
 
