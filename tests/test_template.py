@@ -73,3 +73,33 @@ def test_python_template(cache_dir: Path) -> None:
     out = np.zeros(2)
     choice.run([np.ones(2), out])
     assert out.tolist() == [5.0, 5.0]
+
+
+def test_a_kept_render_is_read_back_in_a_fresh_process_without_jinja(cache_dir: Path) -> None:
+    from tuneforge.store.default import default_store
+
+    from .conftest import run_python
+
+    text = "def {{ name }}():\n    return {{ value }}\n"
+    template = KernelTemplate("kept_render", text, signature="{{ name }}", language="python")
+    rendered = template.render_kept({"name": "f", "value": 7})
+    assert rendered == template.render({"name": "f", "value": 7}) == "def f():\n    return 7\n"
+    kept = [key for key in default_store().keys() if key.startswith("txt")]
+    assert len(kept) == 1
+    out = run_python(f"""
+        import sys
+        from tuneforge.tune.template import KernelTemplate
+        template = KernelTemplate("kept_render", {text!r}, signature="{{{{ name }}}}", language="python")
+        print(repr(template.render_kept({{"name": "f", "value": 7}})), "jinja2" in sys.modules)
+    """).stdout
+    assert out.strip() == f"{rendered!r} False"
+    assert template.render_kept({"name": "f", "value": 8}).endswith("return 8\n")  # other values: a render of their own
+
+
+def test_templates_with_hooks_are_rendered_each_time(cache_dir: Path) -> None:
+    from tuneforge.store.default import default_store
+
+    template = KernelTemplate("kept_hooks", "x = 1\n{{ hook('tail') }}\n", signature="f", language="python",
+                              hooks={"tail": lambda config, body: f"y = {config['n']}"})
+    assert template.render_kept({"n": 3}) == "x = 1\ny = 3\n"
+    assert not [key for key in default_store().keys() if key.startswith("txt")]  # code, not text: never kept

@@ -148,7 +148,7 @@ def render(kind: str, dtype: str, epilogue: Epilogue = Epilogue()) -> Rendered:
     precision = f"_{ep.precision}" if dtype == "float32" and kind != "splitk_reduce" else ""
     name = f"tf_{kind}_{short}{precision}{suffix}"
     dot_options = f', input_precision="{ep.precision}"' if precision else ""
-    source = _TEMPLATES[kind].render({"name": name, "out_type": tl_type, "dot_options": dot_options,
+    source = _TEMPLATES[kind].render_kept({"name": name, "out_type": tl_type, "dot_options": dot_options,
                                       "has_bias": ep.bias, "has_beta": ep.beta, "activation": ep.activation})
     return Rendered(kind, dtype, ep, name, source, _signature(kind, dtype, ep))
 
