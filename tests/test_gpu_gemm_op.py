@@ -56,7 +56,9 @@ def test_choices_are_cublas_then_configurations_that_fit(limits: DeviceLimits, d
     shape = (512, 384, 1024) if space == "exhaustive" else (4096, 4096, 4096)
     choices = gpu_choices(*shape, dtype, Epilogue(bias=True, activation="relu"), limits, space)
     cublas, *triton = choices
-    assert isinstance(cublas, ExternChoice) and cublas.name == "cublas" and cublas.params == {"activation": "relu"}
+    tf32 = {"tf32": True} if dtype == "float32" else {}  # Epilogue's default precision: tf32 products for fp32
+    assert isinstance(cublas, ExternChoice) and cublas.name == "cublas"
+    assert cublas.params == {"activation": "relu", **tf32}
     assert triton and all(isinstance(c, GemmTritonChoice) for c in triton)
     assert all(fits(c, dtype, limits) for c in configs(triton))
     assert len({c.hash_key for c in choices}) == len(choices)
@@ -381,3 +383,33 @@ def test_split_k_shape_with_epilogue_on_cuda(cache_dir: Path) -> None:
     expected = torch.nn.functional.silu(0.5 * (a.float() @ b.float()) + 2.0 * out.float() + bias.float())
     gemm_cuda(a, b, out, alpha=0.5, beta=2.0, bias=bias, activation="silu")
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2 * 8192 ** 0.5)
+
+
+@pytest.mark.gpu
+def test_a_warm_process_runs_the_tuned_kernels_without_triton_or_jinja(cache_dir: Path) -> None:
+    """After one process tuned a shape, a fresh one finds the decision and launches the stored kernels
+    by the keys its records kept: no Triton import, no template render, no compile."""
+    if not _has_gpu():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from .conftest import run_python
+
+    code = """
+        import json, sys, time, torch
+        torch.manual_seed(0)
+        a = torch.randn(3000, 700, device="cuda", dtype=torch.float16)
+        b = torch.randn(700, 1000, device="cuda", dtype=torch.float16)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        import tuneforge
+        out = tuneforge.gemm(a, b)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        error = float((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm())
+        print(json.dumps({"s": seconds, "error": error, "triton": "triton" in sys.modules,
+                          "jinja2": "jinja2" in sys.modules}))
+    """
+    cold = json.loads(run_python(code, timeout=600).stdout.strip().splitlines()[-1])
+    warm = json.loads(run_python(code, timeout=120).stdout.strip().splitlines()[-1])
+    assert cold["error"] < 1e-2 and warm["error"] < 1e-2
+    assert not warm["triton"] and not warm["jinja2"], warm
+    assert warm["s"] < cold["s"]

@@ -96,6 +96,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Extra nvcc/NVRTC options for every tuneforge.cuda build (shell syntax in the environment)."),
     Setting("cuda.include_dirs", parsing.parse_path_list, parsing.coerce_path_tuple, (),
             "Extra include directories for every tuneforge.cuda build (os.pathsep separated in the environment)."),
+    Setting("cuda.fp32_precision", parsing.parse_optional_str, parsing.one_of("torch", "ieee", "tf32", "tf32x3"),
+            "torch", "How tuneforge.gemm multiplies float32 CUDA tensors: ieee, tf32 (tensor cores, ~1e-3 relative "
+            "error), tf32x3 (three TF32 products, near-IEEE accuracy), or torch: tf32 where torch allows it "
+            "(torch.backends.cuda.matmul.allow_tf32), else ieee.", in_cache_key=False),
     Setting("kernel_threads", parsing.parse_int, parsing.coerce_non_negative_int, 0,
             "Most threads a shipped kernel (gemm) may use; 0: every core this process may use.",
             in_cache_key=False),

@@ -268,23 +268,25 @@ def _all(futures: list[Future[Any]]) -> Future[Any]:
 
 
 def torch_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any = None, *,
-               activation: str = "none") -> Any:
+               activation: str = "none", tf32: bool = False) -> Any:
     """The library reference: torch.mm / torch.addmm (cuBLAS on CUDA tensors) with the epilogue
-    ``out = act(alpha * a @ b + beta * out + bias)``; allocates `out` when it is None (and beta is 0)."""
+    ``out = act(alpha * a @ b + beta * out + bias)``; allocates `out` when it is None (and beta is 0).
+    float32 products use TF32 exactly when `tf32` is true, whatever torch's own flag says."""
     import torch
 
     if out is None:
         if beta != 0:
             raise ValueError("beta != 0 needs an out tensor to accumulate into")
         out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    if beta == 0 and bias is None and alpha == 1:
-        torch.mm(a, b, out=out)
-    elif beta == 0 and bias is not None:
-        torch.addmm(bias, a, b, alpha=alpha, out=out)  # cuBLASLt's bias epilogue
-    else:  # beta == 0: addmm ignores out's contents (NaN included)
-        out.addmm_(a, b, beta=beta, alpha=alpha)
-        if bias is not None:
-            out.add_(bias)
+    matmul = torch.backends.cuda.matmul
+    flag = matmul.allow_tf32
+    if flag != tf32:
+        matmul.allow_tf32 = tf32
+    try:
+        _products(torch, a, b, alpha, beta, bias, out)
+    finally:
+        if flag != tf32:
+            matmul.allow_tf32 = flag
     if activation == "relu":
         out.relu_()
     elif activation == "silu":
@@ -294,3 +296,14 @@ def torch_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any = 
     elif activation != "none":
         raise ValueError(f"unknown activation {activation!r}")
     return out
+
+
+def _products(torch: Any, a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
+    if beta == 0 and bias is None and alpha == 1:
+        torch.mm(a, b, out=out)
+    elif beta == 0 and bias is not None:
+        torch.addmm(bias, a, b, alpha=alpha, out=out)  # cuBLASLt's bias epilogue
+    else:  # beta == 0: addmm ignores out's contents (NaN included)
+        out.addmm_(a, b, beta=beta, alpha=alpha)
+        if bias is not None:
+            out.add_(bias)

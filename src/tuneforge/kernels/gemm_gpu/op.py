@@ -5,8 +5,10 @@ torch.addmm, always a candidate and the reference, so the tuned op never loses t
 GEMM configurations of the device's `default` (or `exhaustive`) space; the decision and the compiled
 kernels are cached, and later calls in the process go straight to the winner through a dict.
 
-fp16, bf16 and fp32 inputs; fp32 is multiplied in IEEE fp32 by both cuBLAS (torch's default,
-``allow_tf32`` off) and the Triton kernels: TF32 as a setting is still to come.
+fp16, bf16 and fp32 inputs. fp32 is multiplied as the setting ``cuda.fp32_precision`` says: ``ieee``,
+``tf32`` (tensor cores), ``tf32x3`` (three TF32 products, near-IEEE), or ``torch`` (the default): tf32
+where torch allows it (``torch.backends.cuda.matmul.allow_tf32``), else ieee. cuBLAS runs with TF32
+allowed exactly when the precision is tf32, and results are verified with tolerances for that precision.
 """
 
 from __future__ import annotations
@@ -15,20 +17,37 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tuneforge import config
 from tuneforge.kernels.gemm_gpu.choice import GemmLayout, GemmTritonChoice, torch_gemm
 from tuneforge.kernels.gemm_gpu.render import ACTIVATIONS, DTYPES, Epilogue, index_fits
 from tuneforge.kernels.gemm_gpu.space import DeviceLimits, default_space, exhaustive_space
 from tuneforge.tune.choices import Choice, ExternChoice
 
-__all__ = ["clear_dispatch", "cublas_choice", "cuda_unavailable", "device_limits", "gemm_cuda", "gpu_choices",
-           "op_name", "tuning_problem"]
+__all__ = ["clear_dispatch", "cublas_choice", "cuda_unavailable", "device_limits", "fp32_precision", "gemm_cuda",
+           "gpu_choices", "op_name", "tuning_problem"]
 
 SPACES = ("default", "exhaustive")
 Run = Callable[[list[Any]], Any]
 
 
-def cublas_choice(activation: str = "none") -> ExternChoice:
-    """The library candidate and reference: torch.mm / torch.addmm (cuBLAS) with the epilogue."""
+TF32_TOLERANCE = (5e-3, 5e-3)  # (rtol, atol): TF32 keeps 10 mantissa bits of each fp32 operand
+
+
+def fp32_precision() -> str:
+    """How float32 products are computed: the setting ``cuda.fp32_precision``, ``torch`` resolved."""
+    setting = config.get_str("cuda.fp32_precision")
+    if setting != "torch":
+        return setting
+    import torch
+
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def cublas_choice(activation: str = "none", precision: str = "ieee") -> ExternChoice:
+    """The library candidate and reference: torch.mm / torch.addmm (cuBLAS) with the epilogue, TF32 allowed
+    exactly when `precision` is tf32 (tf32x3 has no cuBLAS counterpart: IEEE is as close as it gets)."""
+    if precision == "tf32":
+        return ExternChoice(torch_gemm, name="cublas", activation=activation, tf32=True)
     return ExternChoice(torch_gemm, name="cublas", activation=activation)
 
 
@@ -43,14 +62,16 @@ def gpu_choices(m: int, n: int, k: int, dtype: str, epilogue: Epilogue, limits: 
     configs = default_space(m, n, k, dtype, limits) if space == "default" else \
         list(exhaustive_space(m, n, k, dtype, limits))
     layout = layout or GemmLayout.contiguous(m, n, k, epilogue.bias)
-    return [cublas_choice(epilogue.activation),
+    precision = epilogue.precision if dtype == "float32" else "ieee"
+    return [cublas_choice(epilogue.activation, precision),
             *(GemmTritonChoice(config, dtype, epilogue, layout) for config in configs)]
 
 
-def op_name(beta: float, bias: Any, activation: str = "none") -> str:
-    """As the CPU op names its variants (reading C and a bias change the work), plus the activation."""
+def op_name(beta: float, bias: Any, activation: str = "none", precision: str = "ieee") -> str:
+    """As the CPU op names its variants (reading C and a bias change the work), plus the activation and a
+    float32 precision other than IEEE (a decision for TF32 products must not answer for IEEE ones)."""
     return "gemm" + ("_beta" if beta != 0 else "") + ("_bias" if bias is not None else "") + \
-        ("" if activation == "none" else f"_{activation}")
+        ("" if activation == "none" else f"_{activation}") + ("" if precision == "ieee" else f"_{precision}")
 
 
 _limits: dict[int, DeviceLimits] = {}
@@ -118,16 +139,17 @@ def gemm_cuda(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
             _check(a, b, out, bias, activation)
             raise
     try:
+        precision = fp32_precision() if a.dtype == _float32() else "ieee"
         key = (a.shape, b.shape, a.stride(), b.stride(), out.stride(), a.dtype, b.dtype, out.dtype, a.device,
                out.device, beta != 0, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-               activation, space)
+               activation, space, precision)
     except (AttributeError, TypeError):  # not tensors: let the checks name the problem
         _check(a, b, out, bias, activation)
         raise
     run = _dispatch.get(key)
     if run is None:
         _check(a, b, out, bias, activation)
-        run = _tune(key, a, b, out, beta, bias, activation, space)
+        run = _tune(key, a, b, out, beta, bias, activation, space, precision)
     a, b, bias = (_separate(out, x) for x in (a, b, bias))
     if a.device.index != _current_device():
         import torch
@@ -137,6 +159,12 @@ def gemm_cuda(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
     else:
         run([a, b, alpha, beta, bias, out])
     return out
+
+
+def _float32() -> Any:
+    import torch
+
+    return torch.float32
 
 
 def _current_device() -> int:
@@ -160,7 +188,7 @@ def _separate(out: Any, x: Any) -> Any:
 
 
 def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, activation: str,
-          space: str) -> Run:
+          space: str, precision: str) -> Run:
     from tuneforge.tune.select import select
 
     with _lock:
@@ -168,13 +196,13 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
         if found is not None:
             return found
         dtype = str(a.dtype).removeprefix("torch.")
-        # fp32: IEEE products, as cuBLAS computes them while torch's allow_tf32 is off (its default)
-        epilogue = Epilogue(bias=bias is not None, beta=beta != 0, activation=activation, precision="ieee")
+        epilogue = Epilogue(bias=bias is not None, beta=beta != 0, activation=activation, precision=precision)
         layout = GemmLayout.of(a, b, out, bias)
         candidates = gpu_choices(layout.m, layout.n, layout.k, dtype, epilogue, device_limits(a.device), space,
                                  layout)
-        winner = select(op_name(beta, bias, activation), candidates, [a, b, 1.0, beta, bias], out=out,
-                        reference=candidates[0], accumulate=beta != 0)
+        rtol, atol = TF32_TOLERANCE if precision == "tf32" else (None, None)
+        winner = select(op_name(beta, bias, activation, precision), candidates, [a, b, 1.0, beta, bias], out=out,
+                        reference=candidates[0], accumulate=beta != 0, rtol=rtol, atol=atol)
         _dispatch[key] = winner.run
         return winner.run
 
@@ -205,5 +233,6 @@ def tuning_problem(m: int, n: int, k: int, dtype: str, space: str = "default",
     def spec(rows: int, cols: int) -> TensorSpec:
         return TensorSpec.contiguous((rows, cols), dtype, device="cuda", device_index=device, framework="torch")
 
-    candidates = gpu_choices(m, n, k, dtype, Epilogue(precision="ieee"), device_limits(device), space)
+    precision = fp32_precision() if dtype == "float32" else "ieee"
+    candidates = gpu_choices(m, n, k, dtype, Epilogue(precision=precision), device_limits(device), space)
     return candidates, [spec(m, k), spec(k, n), 1.0, 0.0, None], spec(m, n), candidates[0]
