@@ -115,3 +115,23 @@ def test_failing_reference_lets_no_unverified_config_win(tuning: Path) -> None:
     assert "reference exploded" in str(info.value)
     assert out.tolist() == [0.0] * 5 and plus_one.cache == {}
     assert [r for r in default_records().records() if r.status == "ok"] == []
+
+
+@pytest.mark.gpu
+def test_a_decision_on_cuda_tensors_is_keyed_by_the_gpu(tuning: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tuneforge.tune import fingerprint
+
+    @tuneforge.autotune(configs=[{"factor": 2}, {"factor": 2.0}], key=["n"])
+    def twice(x: Any, out: Any, n: int, *, factor: float) -> None:
+        torch.mul(x, factor, out=out)
+
+    x = torch.arange(64.0, device="cuda")
+    out = torch.empty_like(x)
+    twice(x, out, 64)
+    torch.testing.assert_close(out, 2 * x)
+    what = {"autotune_key": repr(next(iter(twice.decisions)))}
+    assert default_records().keys() == [fingerprint.selection_key(twice.name, what, gpu=0)]
+    assert fingerprint.selection_key(twice.name, what, gpu=0) != fingerprint.selection_key(twice.name, what)

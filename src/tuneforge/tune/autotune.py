@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuneforge.tune.choices import CallableChoice, Choice, dedupe
+from tuneforge.tune.device import cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.job import TrialJob
 from tuneforge.tune.select import decide
@@ -98,8 +99,10 @@ class Autotuner:
             if runner is not None:
                 return runner
             candidates = self._candidates(args, kwargs)
-            selection_key = make_selection_key(self.name, {"autotune_key": repr(key)})
             values = list(args) + list(kwargs.values())
+            # A decision on a GPU is that GPU's: keyed by it as select() keys its CUDA selections.
+            selection_key = make_selection_key(self.name, {"autotune_key": repr(key)},
+                                               gpu=cuda_index(job_device(values)))
             names = list(kwargs)
 
             def call_with(fn: Callable[..., Any], config: Mapping[str, Any]) -> Callable[[Sequence[Any]], Any]:
