@@ -11,13 +11,13 @@ the winner's direct call. Writes benchmarks/results/gemm_dispatch.json.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import timeit
 from typing import Any
 
+from blas_env import child_env
 from common import precompile_package, write_results
 
 SHAPES = [(8, 8, 8), (32, 32, 32), (64, 64, 64)]
@@ -27,8 +27,11 @@ def per_call_us(fn: Any, number: int = 20000) -> float:
     return min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e6
 
 
-def child() -> list[dict[str, Any]]:
-    return [measure(m, n, k) for m, n, k in SHAPES]
+def child() -> dict[str, Any]:
+    from blas_env import blas_report
+
+    rows = [measure(m, n, k) for m, n, k in SHAPES]
+    return {"rows": rows, "blas": blas_report()}
 
 
 def measure(m: int, n: int, k: int) -> dict[str, Any]:
@@ -69,12 +72,14 @@ def main() -> None:
         return
     precompile_package()
     with tempfile.TemporaryDirectory(prefix="tuneforge-dispatch-bench-") as cache:
-        env = {**os.environ, "TUNEFORGE_CACHE_DIR": cache, "OPENBLAS_NUM_THREADS": "1",
-               "TUNEFORGE_KERNEL_THREADS": "1"}
+        # numpy as a user's machine runs it: OpenBLAS's steering variables unset (blas_env)
+        env = child_env(threads=1, extra={"TUNEFORGE_CACHE_DIR": cache})
         proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(proc.stderr)
-        rows = json.loads(proc.stdout.strip().splitlines()[-1])
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows = answer["rows"]
+    print(answer["blas"])
     print(f"{'shape':>10} {'winner':>8} {'numpy us':>9} {'winner us':>10} {'gemm us':>8} {'overhead':>9} "
           f"{'python path':>12}")
     for r in rows:

@@ -18,6 +18,7 @@ import tempfile
 import textwrap
 import time
 
+from blas_env import child_env
 from common import precompile_package, write_results
 
 WARM_CHILD = """
@@ -52,8 +53,9 @@ print(json.dumps({{"wall": wall, "build": r.build_s, "verify": r.verify_s, "benc
 
 
 def child(code: str, env: dict[str, str]) -> dict[str, object]:
+    # numpy (a candidate) as a user's machine runs it: OpenBLAS's steering variables unset (blas_env)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True).stdout
+                         env=child_env(extra=env), check=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
