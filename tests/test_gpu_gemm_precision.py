@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the GPU GEMM takes torch tensors")
+pytest.importorskip("torch", reason="the GPU GEMM takes torch tensors")
+
+import torch
 
 from tuneforge import config
 from tuneforge.errors import ConfigError
@@ -31,9 +33,9 @@ def test_the_default_follows_torchs_flag_and_an_explicit_setting_wins(torch_tf32
 
 
 def test_an_unknown_precision_names_the_setting_and_the_choices() -> None:
-    with pytest.raises(ConfigError, match=r"cuda\.fp32_precision.*torch, ieee, tf32, tf32x3"):
-        with config.patch({"cuda.fp32_precision": "fp16"}):
-            pass
+    with pytest.raises(ConfigError, match=r"cuda\.fp32_precision.*torch, ieee, tf32, tf32x3"), \
+            config.patch({"cuda.fp32_precision": "fp16"}):
+        pass
 
 
 def test_each_precision_is_a_decision_of_its_own() -> None:
