@@ -9,6 +9,7 @@
 #include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <vector>
 
@@ -34,7 +35,27 @@ struct Entry {
     GemmKernel kernel;
     int64_t params[5];  // MC, KC, NC, threads, par
     PyObject* call;     // (alpha, beta, a, b, out, bias); owned
+    // A multi-threaded kernel's timing, to notice when its helper threads have lost their cores (see observe).
+    int64_t best_ns, defer_until_ns, backoff_ns, library_ns;  // library_ns: numpy last took a call of it
+    int slow_streak;
 };
+
+// When a multi-threaded kernel's calls take SLOW times its best, SLOW_CALLS in a row, its threads are sharing cores
+// (typically with OpenBLAS's workers, which spin for ~0.1 s after each numpy call: they then hold half of
+// the core this kernel's helper needs). numpy.matmul, whose threads those are, then takes the plain calls
+// (alpha 1, beta 0, no bias) for a window, doubled while the contention lasts (BACKOFF_MIN to BACKOFF_MAX); a
+// fast call resets it. Numpy's calls made here wake OpenBLAS's workers themselves, so slow calls within
+// OWN_ECHO of the last one are no evidence: a kernel slowed only by our own deferral gets its speed back.
+const double SLOW = 1.5;
+const int SLOW_CALLS = 4;
+const int64_t BACKOFF_MIN = 5000000, BACKOFF_MAX = 2000000000, OWN_ECHO = 150000000;
+uint64_t deferred_calls = 0;
+
+int64_t now_ns() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 std::vector<Entry> table(64);  // open addressing, power-of-two size, at most half full
 size_t filled = 0;
@@ -139,6 +160,26 @@ bool safe_operands(PyArrayObject* a, PyArrayObject* b, PyArrayObject* out, PyObj
     return true;
 }
 
+// Notes a watched kernel call's duration (with the GIL held: the entry is looked up again, the table may
+// have changed during the call), and opens a window for numpy when the kernel is being slowed.
+void observe(const Key& key, GemmKernel kernel, int64_t took) {
+    Entry* e = slot(key);
+    if (!e->used || e->kernel != kernel) return;
+    if (e->best_ns == 0 || took < e->best_ns) e->best_ns = took;
+    const int64_t now = now_ns();
+    if (took <= SLOW * e->best_ns) {
+        e->slow_streak = 0;
+        e->backoff_ns = 0;
+    } else if (e->library_ns == 0 || now - e->library_ns > OWN_ECHO) {
+        if (++e->slow_streak >= SLOW_CALLS) {
+            e->backoff_ns = e->backoff_ns ? (2 * e->backoff_ns < BACKOFF_MAX ? 2 * e->backoff_ns : BACKOFF_MAX)
+                                          : BACKOFF_MIN;
+            e->defer_until_ns = now + e->backoff_ns;
+            e->slow_streak = 0;
+        }
+    }
+}
+
 PyObject* call_slow(PyObject* const* args) {
     if (slow_path == nullptr) {
         PyErr_SetString(PyExc_RuntimeError, "tuneforge gemm dispatcher used before init()");
@@ -179,7 +220,20 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const Entry entry = *hit;  // the table may change (another thread, or the Python call) while this runs
     PyObject* keep = entry.call;
     Py_INCREF(keep);
-    if (entry.kind == KERNEL) {
+    const bool plain = alpha == 1 && beta == 0 && bias == Py_None;
+    const bool watched = entry.kind == KERNEL && entry.params[3] > 1 && plain;
+    if (watched && entry.defer_until_ns > 0 && now_ns() < entry.defer_until_ns) {
+        ++deferred_calls;
+        slot(key)->library_ns = now_ns();
+        PyObject* call_args[3] = {a, b, out};
+        PyObject* returned = PyObject_Vectorcall(matmul, call_args, 2, out_kwname);
+        if (returned != nullptr) {
+            Py_DECREF(returned);
+            Py_INCREF(out);
+            result = out;
+        }
+    } else if (entry.kind == KERNEL) {
+        const int64_t start = watched ? now_ns() : 0;
         const void* bias_data = bias == Py_None ? nullptr : PyArray_DATA((PyArrayObject*)bias);
         const int64_t item = PyArray_ITEMSIZE((PyArrayObject*)a);
         const int64_t* s = key.strides;
@@ -192,11 +246,12 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         entry.kernel(key.m, key.n, key.k, s[0] / item, s[1] / item, s[2] / item, s[3] / item, s[4] / item,
                     s[5] / item, p[0], p[1], p[2], p[3], p[4], alpha, beta, a_data, b_data, c_data, bias_data);
         if (state != nullptr) PyEval_RestoreThread(state);
+        if (watched) observe(key, entry.kernel, now_ns() - start);
         Py_INCREF(out);
         result = out;
     } else {
         PyObject* returned;
-        if (entry.kind == LIBRARY && alpha == 1 && beta == 0 && bias == Py_None) {
+        if (entry.kind == LIBRARY && plain) {
             PyObject* call_args[3] = {a, b, out};
             returned = PyObject_Vectorcall(matmul, call_args, 2, out_kwname);
         } else {
@@ -260,7 +315,7 @@ PyObject* register_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     else ++filled;
     Py_INCREF(args[7]);
     *e = Entry{key, true, (Kind)kind, (GemmKernel)address, {params[0], params[1], params[2], params[3], params[4]},
-               args[7]};
+               args[7], 0, 0, 0, 0, 0};
     Py_RETURN_TRUE;
 }
 
@@ -273,6 +328,8 @@ PyObject* clear(PyObject*, PyObject*) {
 }
 
 PyObject* size(PyObject*, PyObject*) { return PyLong_FromSize_t(filled); }
+
+PyObject* deferred(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(deferred_calls); }
 
 // init(slow_path, matmul)
 PyObject* init(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -295,6 +352,7 @@ PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(slow_path, matmul)"},
     {"clear", clear, METH_NOARGS, "forget every registered layout"},
     {"size", size, METH_NOARGS, "how many layouts are registered"},
+    {"deferred", deferred, METH_NOARGS, "how many kernel calls numpy.matmul took over while the kernel's threads were slowed"},
     {nullptr, nullptr, 0, nullptr},
 };
 

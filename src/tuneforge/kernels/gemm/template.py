@@ -38,14 +38,21 @@ def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
 
 
 _HERE = Path(__file__).parent
+# The kernels' own thread pool (pool.h: why not OpenMP), pasted in so that each kernel is one source file.
+_POOL = (_HERE / "pool.h").read_text()
 
-TEMPLATE = KernelTemplate("tuneforge_gemm", (_HERE / "kernel.cpp.j2").read_text(),
+
+def _source(template: str) -> str:
+    return (_HERE / template).read_text().replace("// @POOL@\n", _POOL, 1)
+
+
+TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                          runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast",), openmp=True,
+                          runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast", "-pthread"), openmp=False,
                           describe=describe)
 
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
-SMALL_M = KernelTemplate("tuneforge_gemm_small_m", (_HERE / "small_m.cpp.j2").read_text(),
+SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                         runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast",), openmp=True,
+                         runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast", "-pthread"), openmp=False,
                          describe=describe)

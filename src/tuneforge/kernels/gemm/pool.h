@@ -1,0 +1,200 @@
+// tuneforge's thread pool for the GEMM kernels (pasted into each kernel's source by template.py).
+//
+// Why not OpenMP: numpy's OpenBLAS keeps its worker threads spinning (sched_yield) for about 0.1 s after each
+// call, and libgomp's workers spin for milliseconds after each parallel region and in every barrier. On a machine
+// with as many cores as threads, a program alternating the two had each library's threads take the cores the
+// other's were waiting for: a tuned call ran up to 100x slower in such a loop, and numpy's calls slowed as well.
+// This pool is built so that neither side can stall the other:
+//  - The calling thread works too, and the work is cut into chunks claimed one by one: a worker that is not
+//    running (its core taken by another library's spinner) simply gets no chunk, and the call finishes on the
+//    threads that are running, never slower than one thread doing everything. The caller only waits for chunks
+//    a worker has actually begun.
+//  - Idle workers spin a short, bounded time (yielding the core meanwhile), then sleep in the kernel (futex), so
+//    they never hold a core another library's thread needs for longer than that.
+// A user's OMP_WAIT_POLICY still decides: ACTIVE spins 100x longer, PASSIVE sleeps at once.
+#include <atomic>
+#include <new>
+#include <stdint.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace tfpool {
+
+typedef void (*Body)(void* ctx, int64_t chunk);
+
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+inline int64_t now_ns() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+// Sleeping on a 32-bit word until it changes: futex on Linux; elsewhere a short sleep loop.
+inline void wait_while(std::atomic<uint32_t>* word, uint32_t value) {
+#if defined(__linux__)
+    syscall(SYS_futex, (uint32_t*)word, FUTEX_WAIT_PRIVATE, value, nullptr, nullptr, 0);
+#else
+    while (word->load(std::memory_order_acquire) == value) {
+        timespec t{0, 50000};
+        nanosleep(&t, nullptr);
+    }
+#endif
+}
+
+inline void wake_all(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+    syscall(SYS_futex, (uint32_t*)word, FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr, nullptr, 0);
+#else
+    (void)word;
+#endif
+}
+
+enum { MAX_WORKERS = 255 };
+
+struct Pool {
+    // The job: `state` packs its generation (high 32 bits) and its next unclaimed chunk (low 32), so a worker
+    // that wakes late cannot claim a chunk of a finished job; body/ctx/chunks stay valid while it holds one.
+    std::atomic<uint64_t> state{0};
+    std::atomic<uint32_t> generation{0};  // the futex word idle workers sleep on
+    std::atomic<int64_t> done{0};        // chunks of the current job finished
+    std::atomic<int> sleepers{0};
+    std::atomic<int> team{1};            // threads the current job may use (workers 1..team-1 join)
+    std::atomic<bool> busy{false};       // one job at a time; another caller meanwhile runs its job alone
+    Body body = nullptr;
+    void* ctx = nullptr;
+    int64_t chunks = 0;
+    int workers = 0;                     // started so far (only grows; guarded by busy)
+    int64_t spin_ns = 50000;
+};
+
+inline Pool& pool() {
+    static Pool* p = new Pool();  // never destroyed: detached workers may still be asleep in it at exit
+    return *p;
+}
+
+// Claims and runs chunks of generation `gen` until none is left; returns how many it ran.
+inline int64_t work(Pool& p, uint32_t gen) {
+    int64_t ran = 0;
+    uint64_t s = p.state.load(std::memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(s >> 32) != gen || (int64_t)(uint32_t)s >= p.chunks) return ran;
+        if (p.state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            p.body(p.ctx, (int64_t)(uint32_t)s);
+            p.done.fetch_add(1, std::memory_order_acq_rel);
+            ++ran;
+            s = p.state.load(std::memory_order_acquire);
+        }
+    }
+}
+
+inline void* worker_main(void* arg) {
+    Pool& p = pool();
+    const int index = (int)(intptr_t)arg;
+    uint32_t seen = p.generation.load(std::memory_order_acquire);
+    for (;;) {
+        const int64_t start = now_ns();
+        int spins = 0;
+        uint32_t g;
+        while ((g = p.generation.load(std::memory_order_acquire)) == seen) {
+            if (++spins % 64 == 0) {
+                if (now_ns() - start > p.spin_ns) {
+                    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
+                    if (p.generation.load(std::memory_order_seq_cst) == seen) wait_while(&p.generation, seen);
+                    p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+                } else {
+                    sched_yield();  // give the core to a thread that has work (another library's) while spinning
+                }
+            } else {
+                relax();
+            }
+        }
+        seen = g;
+        if (index < p.team.load(std::memory_order_acquire)) work(p, g);
+    }
+    return nullptr;
+}
+
+inline void after_fork_in_child() {
+    // The workers did not survive the fork: start afresh (the old Pool is leaked, its threads gone).
+    const int64_t spin = pool().spin_ns;
+    new (&pool()) Pool();
+    pool().spin_ns = spin;
+}
+
+inline int64_t spin_setting() {
+    const char* policy = getenv("OMP_WAIT_POLICY");
+    if (policy && strcasecmp(policy, "passive") == 0) return 0;
+    if (policy && strcasecmp(policy, "active") == 0) return 5000000;
+    return 50000;
+}
+
+inline bool start_workers(Pool& p, int wanted) {
+    static bool registered = false;
+    if (!registered) {
+        registered = true;
+        p.spin_ns = spin_setting();
+        pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    }
+    while (p.workers < wanted && p.workers < MAX_WORKERS) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&t, &attr, worker_main, (void*)(intptr_t)(p.workers + 1));
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break;
+        ++p.workers;
+    }
+    return p.workers > 0;
+}
+
+// Runs body(ctx, c) for every c in [0, chunks) on up to `threads` threads, this one included; returns when all
+// have finished. Chunks may run in any order and on any of the threads.
+inline void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
+    Pool& p = pool();
+    bool expected = false;
+    if (threads <= 1 || chunks <= 1 || chunks > 0xffffffffLL ||
+        !p.busy.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+        for (int64_t c = 0; c < chunks; ++c) body(ctx, c);
+        return;
+    }
+    if (!start_workers(p, (int)(threads - 1))) {
+        p.busy.store(false, std::memory_order_release);
+        for (int64_t c = 0; c < chunks; ++c) body(ctx, c);
+        return;
+    }
+    const uint32_t gen = (uint32_t)(p.state.load(std::memory_order_relaxed) >> 32) + 1;
+    p.body = body;
+    p.ctx = ctx;
+    p.chunks = chunks;
+    p.done.store(0, std::memory_order_relaxed);
+    p.team.store((int)threads, std::memory_order_relaxed);
+    p.state.store((uint64_t)gen << 32, std::memory_order_release);
+    p.generation.store(gen, std::memory_order_seq_cst);
+    if (p.sleepers.load(std::memory_order_seq_cst) > 0) wake_all(&p.generation);
+    work(p, gen);
+    // Only chunks a worker has claimed are left: it is running them, so wait briefly, then yield to it.
+    int spins = 0;
+    while (p.done.load(std::memory_order_acquire) < chunks) {
+        if (++spins > 200) sched_yield(); else relax();
+    }
+    p.busy.store(false, std::memory_order_release);
+}
+
+}  // namespace tfpool

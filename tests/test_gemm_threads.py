@@ -1,0 +1,247 @@
+"""The GEMM kernels' own thread pool (kernels/gemm/pool.h): correct on any number of threads and chunks, from
+several Python threads at once and after a fork; no OpenMP runtime in the process; OMP_WAIT_POLICY obeyed."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuneforge import config
+from tuneforge.cpuinfo import cpu_info
+from tuneforge.kernels.gemm import Problem, default_space
+from tuneforge.kernels.gemm.space import small_m_space
+from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, static_args
+from tuneforge.tune.template import KernelTemplate
+
+from .conftest import run_python
+
+Kernel = Callable[[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]], None]
+
+
+@pytest.fixture(scope="module")
+def kernels_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("gemm-threads")
+    with config.patch(cache_dir=root):
+        yield root
+
+
+def compiled(template: KernelTemplate, config_: dict[str, Any]) -> Kernel:
+    """A kernel whose run-time parameters (blocking, threads, par) each call may choose."""
+    choice = template.choices([config_])[0]
+    kernel = choice.kernel()
+
+    def call(a: np.ndarray, b: np.ndarray, out: np.ndarray, runtime: dict[str, Any]) -> None:
+        kernel(*static_args(a, b, out, {**config_, **runtime}), 1.0, 0.0, a, b, out, None)
+
+    return call
+
+
+def operands(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+
+
+def check(kernel: Kernel, m: int, n: int, k: int, dtype: str, runtime: dict[str, Any], seed: int = 0) -> None:
+    a, b = operands(m, n, k, dtype, seed)
+    out = np.full((m, n), np.nan, dtype=dtype)
+    kernel(a, b, out, runtime)
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol * np.sqrt(k),
+                               err_msg=f"{m}x{n}x{k} {dtype} {runtime}")
+
+
+@pytest.fixture(scope="module")
+def blocked(kernels_dir: Path) -> Kernel:
+    """The five-loop kernel, fp64, packing A and B (the path with a packed-B phase before each block)."""
+    p = Problem(96, 80, 70, "float64")
+    config_ = next(c for c in default_space(p, threads=2) if c["PACK_A"] and c["PACK_B"])
+    return compiled(TEMPLATE, config_)
+
+
+@pytest.fixture(scope="module")
+def few_rows(kernels_dir: Path) -> Kernel:
+    p = Problem(5, 300, 257, "float32")
+    return compiled(SMALL_M, small_m_space(p, cpu_info(), 2)[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("par", [0, 1])
+def test_blocked_kernel_any_threads_and_chunks(blocked: Kernel, threads: int, par: int) -> None:
+    # Small blocks: many chunks per phase (more than threads), edges in every dimension.
+    for mc, kc, nc in ((8, 16, 16), (200, 200, 200), (1, 7, 1)):
+        check(blocked, 97, 83, 71, "float64", {"MC": mc, "KC": kc, "NC": nc, "threads": threads, "par": par})
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("par", [0, 1])
+def test_few_rows_kernel_any_threads_and_chunks(few_rows: Kernel, threads: int, par: int) -> None:
+    for m, nb in ((1, 64), (5, 48), (13, 1000)):
+        check(few_rows, m, 300, 257, "float32", {"NC": nb, "threads": threads, "par": par})
+
+
+def test_depth_split_is_deterministic(few_rows: Kernel) -> None:
+    # Partial sums are added in part order, whichever thread made each: bitwise equal results on every run.
+    a, b = operands(3, 500, 4001, "float32", seed=3)
+    first = np.empty((3, 500), np.float32)
+    few_rows(a, b, first, {"NC": 500, "threads": 2, "par": 1})
+    for _ in range(20):
+        again = np.empty_like(first)
+        few_rows(a, b, again, {"NC": 500, "threads": 2, "par": 1})
+        assert np.array_equal(first, again)
+
+
+def test_concurrent_callers(blocked: Kernel, few_rows: Kernel) -> None:
+    """Calls release the GIL: Python threads calling the kernels at once share one pool (a caller finding it
+    busy works alone) and all get correct results."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def caller(index: int) -> None:
+        try:
+            start.wait()
+            for round_ in range(15):
+                if index % 2:
+                    blocking = {"MC": 8, "KC": 16, "NC": 16, "threads": 2, "par": index % 4 // 2}
+                    check(blocked, 60, 50, 40, "float64", blocking, seed=index * 100 + round_)
+                else:
+                    check(few_rows, 4, 300, 257, "float32", {"NC": 64, "threads": 2 + index % 3, "par": round_ % 2},
+                          seed=index * 100 + round_)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a caller hung"
+    assert not errors, errors[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_after_parallel_call(few_rows: Kernel) -> None:
+    """The workers do not survive a fork: the child's pool starts afresh instead of waiting for them."""
+    check(few_rows, 5, 300, 257, "float32", {"NC": 64, "threads": 2, "par": 0})
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        status = 1
+        try:
+            check(few_rows, 5, 300, 257, "float32", {"NC": 64, "threads": 2, "par": 0})
+            check(few_rows, 5, 300, 257, "float32", {"NC": 300, "threads": 2, "par": 1})
+            status = 0
+        finally:
+            os.write(w, bytes([status]))
+            os._exit(status)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"\x00"
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+_CHILD = """
+import time
+import numpy as np
+import tuneforge
+from tuneforge.kernels.gemm import Problem
+from tuneforge.kernels.gemm.space import small_m_space
+from tuneforge.kernels.gemm.template import SMALL_M, static_args
+from tuneforge.cpuinfo import cpu_info
+config = dict(small_m_space(Problem(2, 512, 512, "float32"), cpu_info(), 2)[0], threads=2, par=0, NC=256)
+kernel = SMALL_M.choices([config])[0].kernel()
+a, b = np.ones((2, 512), np.float32), np.ones((512, 512), np.float32)
+out = np.empty((2, 512), np.float32)
+args = static_args(a, b, out, config)
+kernel(*args, 1.0, 0.0, a, b, out, None)
+assert (out == 512).all()
+if MODE == "maps":
+    print("libgomp" in open("/proc/self/maps").read(), "libomp" in open("/proc/self/maps").read())
+else:  # the workers' CPU time while the process sleeps between calls: their idle spinning
+    busy = 0.0
+    for _ in range(30):
+        kernel(*args, 1.0, 0.0, a, b, out, None)
+        before = time.process_time() - time.thread_time()
+        time.sleep(0.01)
+        busy += time.process_time() - time.thread_time() - before
+    print(busy)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_kernels_bring_no_openmp_runtime(kernels_dir: Path) -> None:
+    """A kernel's threads are tuneforge's own: no OpenMP runtime whose spinning threads could fight OpenBLAS's."""
+    proc = run_python("MODE = 'maps'\n" + _CHILD, env={"TUNEFORGE_CACHE_DIR": str(kernels_dir)}, timeout=300)
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def idle_spin_seconds(kernels_dir: Path, policy: str | None) -> float:
+    env = {"TUNEFORGE_CACHE_DIR": str(kernels_dir)}
+    code = "MODE = 'spin'\n" + _CHILD
+    if policy is None:
+        code = "import os\nos.environ.pop('OMP_WAIT_POLICY', None)\n" + code
+    else:
+        env["OMP_WAIT_POLICY"] = policy
+    return float(run_python(code, env=env, timeout=300).stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="futex sleep on Linux only")
+def test_wait_policy_from_the_environment(kernels_dir: Path) -> None:
+    """Idle workers spin 50 us by default, then sleep; a user's OMP_WAIT_POLICY=active makes them spin 5 ms
+    (30 sleeps of 10 ms: up to 150 ms of CPU), passive makes them sleep at once."""
+    active = idle_spin_seconds(kernels_dir, "active")
+    passive = idle_spin_seconds(kernels_dir, "passive")
+    default = idle_spin_seconds(kernels_dir, None)
+    assert active > 0.03, active
+    assert passive < active / 3 and default < active / 3, (passive, default, active)
+
+
+_DEFERRAL = """
+import subprocess, sys, time
+import numpy as np
+import tuneforge
+from tuneforge.kernels.gemm import dispatch, op
+
+# The tuned choice is a two-thread kernel, whatever this machine's timings.
+everything = op.choices
+op.choices = lambda problem, space="default": [c for c in everything(problem, space)
+                                               if getattr(c, "config", {}).get("threads") == 2][:1]
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((1, 2000)).astype(np.float32), rng.standard_normal((2000, 2000)).astype(np.float32)
+out, c = np.empty((1, 2000), np.float32), np.zeros((1, 2000), np.float32)
+for _ in range(3):
+    tuneforge.gemm(a, b, out)
+fast = dispatch.wait(60)
+tuneforge.gemm(a, b, out)  # registers the layout with the C dispatcher, now loaded
+assert fast is not None and fast.size() == 1, fast
+for _ in range(50):  # quiet: the kernel's best time
+    tuneforge.gemm(a, b, out)
+spin = "import time\\nend = time.time() + 20\\nwhile time.time() < end: pass"
+spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(4)]
+try:
+    time.sleep(0.3)
+    before = fast.deferred()
+    for _ in range(300):  # every core shared: calls slower than the best hand over to numpy.matmul
+        tuneforge.gemm(a, b, out)
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+        tuneforge.gemm(a, b, c, beta=1.0)  # not a plain call: always the kernel
+    deferred = fast.deferred() - before
+finally:
+    for p in spinners:
+        p.kill()
+print(deferred)
+"""
+
+
+def test_slowed_kernel_hands_plain_calls_to_numpy(tmp_path: Path) -> None:
+    """A two-thread kernel whose calls take 1.5x its best (its threads share cores, e.g. with OpenBLAS's spinning
+    workers) lets numpy.matmul take the plain calls for a while; results stay right, and calls numpy cannot
+    make alone (beta != 0) stay on the kernel."""
+    proc = run_python(_DEFERRAL, env={"TUNEFORGE_CACHE_DIR": str(tmp_path)}, timeout=300)
+    assert int(proc.stdout.split()[-1]) > 0
