@@ -165,3 +165,28 @@ def test_a_forked_child_may_load_the_dispatcher_itself(monkeypatch: pytest.Monke
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert dispatch._loader is not None  # the parent is untouched
+
+
+def test_the_dispatcher_learns_numpys_tuned_time_relative_to_the_winner(cache_dir: Path) -> None:
+    """A kernel slowed by other threads hands its calls to numpy only while numpy would be faster: the
+    threshold is numpy's tuned time over the winner's, read from the selection's records."""
+    from tuneforge.kernels.gemm import op
+    from tuneforge.kernels.gemm.space import Problem
+    from tuneforge.store.default import default_records
+    from tuneforge.tune.select import selection_key
+
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((48, 40)), rng.standard_normal((40, 56))
+    out = np.empty((48, 56))
+    tuneforge.gemm(a, b, out)
+    candidates = op.choices(Problem(48, 56, 40, "float64"))
+    args = [a, b, 1.0, 0.0, None, out]
+    medians = {r.choice: r.median_ms for r in default_records().get(selection_key("gemm", args))}
+    library = candidates[0]
+    assert library.name == "numpy_matmul" and medians.get(library.hash_key)
+    timed = [c for c in candidates[1:] if medians.get(c.hash_key)]
+    assert timed, "no kernel was timed"
+    for choice in timed:
+        expected = medians[library.hash_key] / medians[choice.hash_key]
+        assert op._library_ratio("gemm", args, candidates, choice) == pytest.approx(expected)
+    assert op._library_ratio("gemm", args, candidates[1:], timed[0]) == 0.0  # no numpy candidate: not known

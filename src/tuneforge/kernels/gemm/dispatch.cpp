@@ -38,9 +38,12 @@ struct Entry {
     // A multi-threaded kernel's timing, to notice when its helper threads have lost their cores (see observe).
     int64_t best_ns, defer_until_ns, backoff_ns, library_ns;  // library_ns: numpy last took a call of it
     int slow_streak;
+    double slow;  // a call is slow past this many times the best: SLOW, or numpy's tuned time over the kernel's
 };
 
 // When a multi-threaded kernel's calls take SLOW times its best, SLOW_CALLS in a row, its threads are sharing cores
+// (SLOW, or as long as numpy.matmul took in tuning where that is longer: a kernel slowed but still faster than
+// numpy keeps its calls)
 // (typically with OpenBLAS's workers, which spin for ~0.1 s after each numpy call: they then hold half of
 // the core this kernel's helper needs). numpy.matmul, whose threads those are, then takes the plain calls
 // (alpha 1, beta 0, no bias) for a window, doubled while the contention lasts (BACKOFF_MIN to BACKOFF_MAX); a
@@ -167,7 +170,7 @@ void observe(const Key& key, GemmKernel kernel, int64_t took) {
     if (!e->used || e->kernel != kernel) return;
     if (e->best_ns == 0 || took < e->best_ns) e->best_ns = took;
     const int64_t now = now_ns();
-    if (took <= SLOW * e->best_ns) {
+    if (took <= e->slow * e->best_ns) {
         e->slow_streak = 0;
         e->backoff_ns = 0;
     } else if (e->library_ns == 0 || now - e->library_ns > OWN_ECHO) {
@@ -278,8 +281,13 @@ void grow() {
 
 // register(a, b, out, beta, bias, space, kind, call, address, params) -> bool: whether the layout was taken
 PyObject* register_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "register takes 10 arguments (%zd given)", nargs);
+    if (nargs != 10 && nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "register takes 10 or 11 arguments (%zd given)", nargs);
+        return nullptr;
+    }
+    double library_ratio = 0;  // numpy's tuned time over the kernel's; 0: not known
+    if (nargs == 11 && !as_double(args[10], &library_ratio)) {
+        PyErr_SetString(PyExc_TypeError, "register: library_ratio must be a number");
         return nullptr;
     }
     double beta;
@@ -315,7 +323,7 @@ PyObject* register_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     else ++filled;
     Py_INCREF(args[7]);
     *e = Entry{key, true, (Kind)kind, (GemmKernel)address, {params[0], params[1], params[2], params[3], params[4]},
-               args[7], 0, 0, 0, 0, 0};
+               args[7], 0, 0, 0, 0, 0, library_ratio > SLOW ? library_ratio : SLOW};
     Py_RETURN_TRUE;
 }
 
@@ -348,7 +356,7 @@ PyMethodDef methods[] = {
     {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL,
      "gemm(a, b, out, alpha, beta, bias, space) -> out: a registered layout's call, else the slow path"},
     {"register", (PyCFunction)(void (*)(void))register_call, METH_FASTCALL,
-     "register(a, b, out, beta, bias, space, kind, call, address, params) -> bool"},
+     "register(a, b, out, beta, bias, space, kind, call, address, params[, library_ratio]) -> bool"},
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(slow_path, matmul)"},
     {"clear", clear, METH_NOARGS, "forget every registered layout"},
     {"size", size, METH_NOARGS, "how many layouts are registered"},

@@ -7,6 +7,7 @@ decision and the kernels are cached, and later calls dispatch through a dict to 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -16,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from tuneforge.cpuinfo import cpu_info
-from tuneforge.kernels.gemm import dispatch
+from tuneforge.kernels.gemm import dispatch, torch_cpu
 from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
 from tuneforge.kernels.gemm.template import RUNTIME_PARAMS, SMALL_M, TEMPLATE, static_args
+from tuneforge.store.default import default_records
 from tuneforge.tune.choices import Choice, ExternChoice
-from tuneforge.tune.select import select
+from tuneforge.tune.select import select, selection_key
 from tuneforge.tune.template import TemplateChoice
 
 
@@ -44,7 +46,8 @@ def op_name(beta: float, bias: Any) -> str:
     return "gemm" + ("_beta" if beta != 0 else "") + ("_bias" if bias is not None else "")
 
 
-def choices(problem: Problem, space: str = "default") -> list[Choice]:
+def choices(problem: Problem, space: str = "default", library: str = "numpy") -> list[Choice]:
+    """numpy.matmul (the reference), torch.matmul for torch tensors (`library` "torch"), then the kernels."""
     if problem.dtype not in C_TYPES:
         raise ValueError(f"gemm supports float32 and float64, not {problem.dtype}")
     if space not in ("default", "exhaustive"):
@@ -52,7 +55,10 @@ def choices(problem: Problem, space: str = "default") -> list[Choice]:
     exhaustive = space == "exhaustive"
     configs = list(exhaustive_space(problem)) if exhaustive else default_space(problem)
     few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
-    return [ExternChoice(numpy_gemm, name="numpy_matmul"), *TEMPLATE.choices(configs), *SMALL_M.choices(few_rows)]
+    libraries: list[Choice] = [ExternChoice(numpy_gemm, name="numpy_matmul")]
+    if library == "torch":
+        libraries.append(ExternChoice(torch_cpu.torch_gemm, name="torch_matmul"))
+    return [*libraries, *TEMPLATE.choices(configs), *SMALL_M.choices(few_rows)]
 
 
 def _check(a: Any, b: Any, out: Any, bias: Any) -> None:
@@ -86,6 +92,7 @@ class Prepared:
     kind: int
     address: int = 0
     params: tuple[int, ...] = ()
+    library_ratio: float = 0.0  # numpy's tuned time over the winner's (0: not known): see dispatch.cpp
 
 
 _dispatch: dict[tuple[Any, ...], Prepared] = {}  # the Python path's table, by layout
@@ -129,9 +136,15 @@ def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0
     return _route(a, b, out, alpha, beta, bias, space)
 
 
-def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str) -> Any:
+def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str,
+                 library: str = "numpy") -> Any:
     """gemm's Python path: the first call of each layout, calls the C path does not take, and every call
-    where the C path could not be built."""
+    where the C path could not be built. `library`: the library candidates' family ("torch" adds
+    torch.matmul, for torch tensors; such layouts stay off the C path, which keys numpy arrays)."""
+    if not isinstance(a, np.ndarray) and torch_cpu.is_torch_cpu(a):
+        a, b, out_view, bias, out_tensor = torch_cpu.numpy_views(a, b, out, bias, beta)
+        _gemm_python(a, b, out_view, alpha, beta, bias, space, "torch")
+        return out_tensor
     if out is None:
         if beta != 0:
             raise ValueError("beta != 0 needs an out array to accumulate into")
@@ -144,7 +157,7 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     try:
         bias_layout = None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype)
         key = (type(a), type(b), type(out), a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype,
-               out.dtype, beta != 0, bias_layout, space)
+               out.dtype, beta != 0, bias_layout, space, library)
     except AttributeError:  # not arrays: CUDA tensors go to the GPU op; for others the checks name the problem
         if _on_cuda(a):
             return _gemm_cuda(a, b, out, alpha, beta, bias, space)
@@ -153,8 +166,8 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     prepared = _dispatch.get(key)
     if prepared is None:
         _check(a, b, out, bias)
-        prepared = _tune(key, a, b, out, beta, bias, space)
-    elif key not in _registered:  # a layout called again: worth the C path
+        prepared = _tune(key, a, b, out, beta, bias, space, library)
+    elif key not in _registered and library == "numpy":  # a layout called again: worth the C path
         if dispatch.loaded() is not None:
             _register(key, prepared, a, b, out, beta, bias, space)
         else:  # not before: finding it costs a compiler probe at least, which a one-call process never needs
@@ -231,7 +244,8 @@ def _copy_with_strides(x: Any) -> Any:
 _route: Callable[..., Any] = _gemm_python  # the C dispatcher once it is loaded
 
 
-def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, space: str) -> Prepared:
+def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, space: str,
+          library: str = "numpy") -> Prepared:
     with _lock:
         prepared = _dispatch.get(key)
         if prepared is not None:
@@ -240,16 +254,35 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
         out_t = out if _usable(out) is out else np.empty(out.shape, out.dtype)
         bias_t = None if bias is None else np.ascontiguousarray(bias)
         problem = Problem(a.shape[0], b.shape[1], a.shape[1], a.dtype.name)
-        winner = select(op_name(beta, bias), choices(problem, space), [a_t, b_t, 1.0, beta, bias_t], out=out_t,
-                        accumulate=beta != 0)
+        candidates = choices(problem, space, library)
+        inputs = [a_t, b_t, 1.0, beta, bias_t]
+        # torch's candidate makes another selection: a decision without it must not answer for it
+        name = op_name(beta, bias) + ("_torch" if library == "torch" else "")
+        winner = select(name, candidates, inputs, out=out_t, accumulate=beta != 0)
         prepared = _prepare(winner, a_t, b_t, out_t)
+        if prepared.kind == dispatch.KERNEL:
+            ratio = _library_ratio(name, [*inputs, out_t], candidates, winner)
+            prepared = dataclasses.replace(prepared, library_ratio=ratio)
         if a_t is not a or b_t is not b or out_t is not out or bias_t is not bias:
             # layouts the kernels cannot take: copy per call
             prepared = Prepared(_with_copies(prepared.call), dispatch.CALL)
         _dispatch[key] = prepared
-        if dispatch.loaded() is not None:
+        if dispatch.loaded() is not None and library == "numpy":
             _register(key, prepared, a, b, out, beta, bias, space)
         return prepared
+
+
+def _library_ratio(name: str, args: list[Any], candidates: list[Choice], winner: Choice) -> float:
+    """numpy.matmul's tuned median over the winner's, from the selection's records (0.0: not known)."""
+    library = next((c for c in candidates if isinstance(c, ExternChoice) and c.fn is numpy_gemm), None)
+    if library is None:
+        return 0.0
+    try:
+        found = {r.choice: r.median_ms for r in default_records().get(selection_key(name, args))}
+    except Exception:  # records unreadable: the dispatcher's own threshold
+        return 0.0
+    theirs, ours = found.get(library.hash_key), found.get(winner.hash_key)
+    return float(theirs / ours) if theirs and ours else 0.0
 
 
 def _register(key: tuple[Any, ...], prepared: Prepared, a: Any, b: Any, out: Any, beta: float, bias: Any,
@@ -260,7 +293,7 @@ def _register(key: tuple[Any, ...], prepared: Prepared, a: Any, b: Any, out: Any
     if fast is None or not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
         return
     fast.register(a, b, out, float(beta), bias, space, prepared.kind, prepared.call, prepared.address,
-                  prepared.params)
+                  prepared.params, prepared.library_ratio)
     _registered.add(key)
     _route = fast.gemm
 
