@@ -82,6 +82,14 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """--shapes and --dtypes as the GEMM benchmarks that run named cases take them."""
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, help="MxNxK shapes (with --dtypes, float32 "
+                        "by default) instead of the default cases")
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "float64"],
+                        help="with --shapes: their dtypes; without: the default cases of these dtypes")
+
+
 def steady_gflops(fn: Any, flops: int, budget_s: float = 1.0) -> float:
     time.sleep(0.2)  # the other side's idle threads stop spinning (OpenBLAS's for 0.1-0.15 s after a call)
     fn()

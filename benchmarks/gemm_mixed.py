@@ -39,7 +39,7 @@ from typing import Any
 
 from blas_env import blas_report, child_env, load_note
 from common import write_results
-from gemm import Shape, parse_shape, shape_text, steady_gflops
+from gemm import Shape, add_case_arguments, shape_text, steady_gflops
 
 CASES: list[tuple[str, Shape]] = [("float32", (1, 3000, 3000)), ("float64", (17, 2048, 64)),
                                   ("float32", (512, 512, 512)), ("float32", (96, 1000, 300)),
@@ -184,10 +184,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", type=parse_shape, help="MxNxK shapes (with --dtypes, float32 "
-                        "by default) instead of the default cases")
-    parser.add_argument("--dtypes", nargs="+", choices=["float32", "float64"],
-                        help="with --shapes: their dtypes; without: the default cases of these dtypes")
+    add_case_arguments(parser)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--rounds", type=int, default=5)

@@ -45,7 +45,7 @@ from typing import Any
 
 from blas_env import blas_report, child_env, load_note
 from common import write_results
-from gemm import Shape, parse_shape, shape_text
+from gemm import Shape, add_case_arguments, shape_text
 from gemm_mixed import SIDE_SHAPE
 
 Case = tuple[str, Shape]
@@ -330,10 +330,7 @@ def best_text(best: dict[str, Any], cond: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", type=parse_shape, help="MxNxK shapes (with --dtypes, float32 "
-                        "by default) instead of the default cases")
-    parser.add_argument("--dtypes", nargs="+", choices=["float32", "float64"],
-                        help="with --shapes: their dtypes; without: the default cases of these dtypes")
+    add_case_arguments(parser)
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} cases, 2 cold runs")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cold-runs", type=int, help="cold tuning runs per case (default 5; 2 with --quick)")
