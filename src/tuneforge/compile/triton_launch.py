@@ -12,6 +12,7 @@ TMA descriptors) are `LaunchUnsupported`, and the caller launches them through T
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -111,14 +112,16 @@ def plan(metadata: Mapping[str, Any], signature: Mapping[str, str]) -> LaunchPla
     return LaunchPlan(str(metadata["name"]), warps * warp, int(metadata["shared"]), kinds, scratch)
 
 
-def _raw_stream(device: int) -> int:
-    """torch's current stream on `device`, as Triton launches on it."""
+@functools.cache
+def _stream_of() -> Callable[[int], int]:
+    """How to read torch's current stream on a device (the stream Triton launches on), found once: a
+    launch happens on every call of a tuned op."""
     import torch
 
     get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if get_raw is not None:
-        return int(get_raw(device))
-    return int(torch.cuda.current_stream(device).cuda_stream)
+        return lambda device: int(get_raw(device))
+    return lambda device: int(torch.cuda.current_stream(device).cuda_stream)
 
 
 class StoredTritonKernel:
@@ -155,7 +158,7 @@ class StoredTritonKernel:
             return  # an empty grid: nothing to do (the driver would refuse it)
         values = [convert(value) for convert, value in zip(self._converters, args, strict=True)]
         self._loaded()(tuple(grid), self.plan.threads, [*values, *self._tail], shared_mem=self.plan.shared,
-                       stream=_raw_stream(device))
+                       stream=_stream_of()(device))
 
     def __repr__(self) -> str:
         return f"StoredTritonKernel({self.plan.name!r}, {self.key})"

@@ -133,11 +133,16 @@ class GemmTritonChoice(ConfiguredChoice):
                 for kind in self.gemm_config.kernels}
 
     def _build(self, r: Rendered, a: Any, b: Any, out: Any, bias: Any, workspace: Any, target: Any) -> Any:
+        values = arguments(r, a, b, out, bias=bias, alpha=1.0, beta=1.0, workspace=workspace)
+        return self._request(r, specialization(r, values), int(a.shape[0]), int(b.shape[1]), int(a.shape[1]),
+                             target)
+
+    def _request(self, r: Rendered, specialized: tuple[dict[str, str], dict[str, int], Any], m: int, n: int,
+                 k: int, target: Any) -> Any:
+        """The `TritonBuild` of kernel `r` for `specialization`'s answer on an m x n x k problem."""
         from tuneforge.compile.triton import TritonBuild
 
-        m, k, n = int(a.shape[0]), int(a.shape[1]), int(b.shape[1])
-        values = arguments(r, a, b, out, bias=bias, alpha=1.0, beta=1.0, workspace=workspace)
-        signature, fixed, attrs = specialization(r, values)
+        signature, fixed, attrs = specialized
         consts = {**fixed, **constexprs(r.kind, self.gemm_config, m, n, k)}
         return TritonBuild(r.source, r.name, signature, consts, num_warps=self.gemm_config.num_warps,
                            num_stages=self.gemm_config.num_stages, target=target, attrs=_attrs(attrs))
@@ -222,18 +227,15 @@ class GemmTritonChoice(ConfiguredChoice):
 
     def _launch(self, r: Rendered, values: tuple[Any, ...], grid: tuple[int, int, int], m: int, n: int,
                 k: int, device: int) -> None:
-        signature, fixed, attrs = specialization(r, values)
+        specialized = specialization(r, values)
+        signature, fixed, attrs = specialized
         memo = (r.kind, m, n, k, tuple(fixed), tuple(attrs), device)
         found = self._kernels.get(memo)
         if found is None:
             from tuneforge.compile import triton as triton_builder
             from tuneforge.compile.triton_env import device_target
 
-            consts = {**fixed, **constexprs(r.kind, self.gemm_config, m, n, k)}
-            request = triton_builder.TritonBuild(r.source, r.name, signature, consts,
-                                                 num_warps=self.gemm_config.num_warps,
-                                                 num_stages=self.gemm_config.num_stages,
-                                                 target=device_target(device), attrs=_attrs(attrs))
+            request = self._request(r, specialized, m, n, k, device_target(device))
             # The launcher takes the arguments not specialized away, by their place among `values`.
             picks = [i for i, name in enumerate(r.runtime_params) if signature[name] != "constexpr"]
             found = (triton_builder.launcher(request, key=self.key_hints.get(r.kind)), picks)
