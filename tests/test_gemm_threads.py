@@ -203,7 +203,7 @@ def test_wait_policy_from_the_environment(kernels_dir: Path) -> None:
 
 
 _DEFERRAL = """
-import subprocess, sys, time
+import os
 import numpy as np
 import tuneforge
 from tuneforge.kernels.gemm import dispatch, op
@@ -213,36 +213,40 @@ everything = op.choices
 op.choices = lambda problem, space="default", library="numpy": [
     c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
 rng = np.random.default_rng(0)
-# Compute-bound and in cache: spinners slow it for sure (a memory-bound GEMV's time follows the caches more
-# than the cores, and its best call can be a lucky one).
-a, b = rng.standard_normal((256, 256)).astype(np.float32), rng.standard_normal((256, 256)).astype(np.float32)
-out, c = np.empty((256, 256), np.float32), np.zeros((256, 256), np.float32)
+# Compute-bound, large enough for two threads to take ~0.55x of one's time (a memory-bound GEMV's time follows the
+# caches more than the cores, and its best call can be a lucky one).
+a, b = rng.standard_normal((512, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
+out, c = np.empty((512, 512), np.float32), np.zeros((512, 512), np.float32)
 for _ in range(3):
     tuneforge.gemm(a, b, out)
 fast = dispatch.wait(60)
 tuneforge.gemm(a, b, out)  # registers the layout with the C dispatcher, now loaded
 assert fast is not None and fast.size() == 1, fast
-for _ in range(50):  # quiet: the kernel's best time
+for _ in range(100):  # quiet: the kernel's best time
     tuneforge.gemm(a, b, out)
-spin = "import time\\nend = time.time() + 20\\nwhile time.time() < end: pass"
-spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(4)]
-try:
-    time.sleep(0.3)
-    before = fast.deferred()
-    for _ in range(300):  # every core shared: calls slower than the best hand over to numpy.matmul
-        tuneforge.gemm(a, b, out)
-        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
-        tuneforge.gemm(a, b, c, beta=1.0)  # not a plain call: always the kernel
-    deferred = fast.deferred() - before
-finally:
-    for p in spinners:
-        p.kill()
+tuneforge.gemm(a, b, c, beta=1.0)  # tunes and registers the beta != 0 layout while both cores are there
+c[:] = 0
+# Every thread of this process onto one core (the kernel's helper included): the helper now shares the
+# caller's core, as when OpenBLAS's spinning workers hold the other one, and every call runs at one thread's
+# speed at best, whatever the scheduler's time slices do (spinner processes made this a matter of luck).
+core = min(os.sched_getaffinity(0))
+for task in os.listdir("/proc/self/task"):
+    os.sched_setaffinity(int(task), {core})
+before = fast.deferred()
+for _ in range(300):  # back to back: a window opened for numpy takes the next calls
+    tuneforge.gemm(a, b, out)
+deferred = fast.deferred() - before
+np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+before = fast.deferred()
+tuneforge.gemm(a, b, c, beta=1.0)  # not a plain call: always the kernel
+assert fast.deferred() == before
+np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
 print(deferred)
 """
 
 
 def test_slowed_kernel_hands_plain_calls_to_numpy(tmp_path: Path) -> None:
-    """A two-thread kernel whose calls take 1.5x its best (its threads share cores, e.g. with OpenBLAS's spinning
+    """A two-thread kernel whose calls take 1.5x its best (its threads share a core, e.g. with OpenBLAS's spinning
     workers) lets numpy.matmul take the plain calls for a while; results stay right, and calls numpy cannot
     make alone (beta != 0) stay on the kernel."""
     proc = run_python(_DEFERRAL, env={"TUNEFORGE_CACHE_DIR": str(tmp_path)}, timeout=300)
