@@ -54,11 +54,11 @@ def registered_kernel(fast: ModuleType, a: np.ndarray, b: np.ndarray, out: np.nd
                       bias: Any) -> None:
     """Register the first default-space kernel for this layout, whatever select() would choose."""
     from tuneforge.kernels.gemm.space import Problem, default_space
-    from tuneforge.kernels.gemm.template import RUNTIME_PARAMS, TEMPLATE
+    from tuneforge.kernels.gemm.template import TEMPLATE, runtime_args
 
     choice = TEMPLATE.choices(default_space(Problem(a.shape[0], b.shape[1], a.shape[1], a.dtype.name)))[0]
     kernel = choice.kernel()
-    params = tuple(choice.config[p] for p in RUNTIME_PARAMS)
+    params = runtime_args(choice.config)
     assert fast.register(a, b, out, beta, bias, "default", dispatch.KERNEL, kernel, dispatch.kernel_address(kernel),
                          params)
 

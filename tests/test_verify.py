@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuneforge.tune.verify import compare, tolerances
+from tuneforge.tune.verify import changed, compare, tolerances
 
 RELATIVE_ERROR_REJECTED = {"float64": 1e-3, "float32": 5e-2}
 
@@ -108,3 +108,19 @@ def test_complex_results_are_compared_with_their_imaginary_parts(dtype: str) -> 
     want = (np.arange(1, 9) + 1j * np.arange(1, 9)).astype(dtype)
     assert compare(want.copy(), want) is None
     assert compare(want.conj(), want) is not None
+
+
+def test_changed_inputs_are_found_by_their_bytes_or_values() -> None:
+    """A write anywhere into an input is seen: contiguous arrays are compared byte for byte, others by value;
+    an untouched input holding NaN is unchanged."""
+    big = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    saved = big.copy()
+    assert changed([big], [saved], [0]) == []
+    big[1023, 1023] += 1.0  # the very last element
+    assert changed([big], [saved], [0]) == [0]
+    strided = np.arange(20.0)[::2]  # not contiguous: compared by value
+    assert changed([strided], [strided.copy()], [0]) == []
+    strided[3] = -1.0
+    assert changed([strided], [np.arange(20.0)[::2].copy()], [0]) == [0]
+    nan = np.full(5, np.nan)
+    assert changed([nan, None], [nan.copy(), None], [0, 1]) == []

@@ -136,6 +136,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("autotune.abandon_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),
+    Setting("autotune.screen_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.3,
+            "With more than 4 CPU choices, time each briefly first (a fifth of bench_time_s) and give the full "
+            "budget only to those within this many times the fastest (0: time every choice fully).",
+            in_cache_key=False),
     Setting("autotune.settle_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.2,
             "Pause after a library call is timed, so its thread pool is idle before kernels are timed "
             "(OpenBLAS's threads spin for about 0.1-0.15 s after a call).",

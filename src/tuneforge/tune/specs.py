@@ -265,6 +265,8 @@ def _where(index: int | None) -> str:
 
 
 def _random_numpy(dtype: np.dtype[Any], count: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    if dtype in (np.float32, np.float64):  # drawn in the dtype itself: no float64 temporary to convert
+        return rng.standard_normal(count, dtype=dtype.type)
     if dtype.kind == "f":
         return rng.standard_normal(count).astype(dtype)
     if dtype.kind == "c":

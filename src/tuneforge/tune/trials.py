@@ -18,6 +18,7 @@ nothing more can run in this process (a benchmark worker exits, and its parent s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -101,10 +102,11 @@ class Trials:
             # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
             time.sleep(config.get_float("autotune.settle_s"))
 
-    def run(self, choice: Choice) -> Record:
+    def run(self, choice: Choice, budget_s: float | None = None) -> Record:
+        """Check `choice` against the reference, then time it (for `budget_s`; None: autotune.bench_time_s)."""
         started = time.perf_counter()
         try:
-            record = self._run(choice, started)
+            record = self._run(choice, started, budget_s)
         except Exception as exc:
             if not is_sticky_cuda_error(error_text(exc)):
                 verify.restore(self.args, self.initial)
@@ -118,7 +120,7 @@ class Trials:
         verify.restore(self.args, self.initial)
         return record
 
-    def _run(self, choice: Choice, started: float) -> Record:
+    def _run(self, choice: Choice, started: float, budget_s: float | None) -> Record:
         args = self.args
         try:
             run_started = time.perf_counter_ns()
@@ -153,7 +155,10 @@ class Trials:
         try:
             if self.job.device == "cpu":
                 timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon,
-                                       first_ns=checked_ns)
+                                       first_ns=checked_ns, budget_s=budget_s,
+                                       min_repeats=SCREEN_REPEATS if budget_s is not None else None)
+                if budget_s is not None:
+                    timing = dataclasses.replace(timing, method=timing.method + "+screened")
             else:
                 timing = benchmark_gpu(lambda: choice.run(args), setup=setup, device=self.job.device)
         except Exception as exc:
@@ -163,6 +168,23 @@ class Trials:
         if self.best_ms is None or timing.median_ms < self.best_ms:
             self.best_ms = timing.median_ms
         return make_record(self.job, choice, "ok", timing=timing, info=info)
+
+    def retime(self, choice: Choice, screened: Record) -> Record:
+        """Time a screened contender again with the full budget (its output was checked when screened)."""
+        restore = [*self.job.outputs, *screened.info.get("mutates_inputs", [])]
+        args = self.args
+        started = time.perf_counter()
+        try:
+            timing = benchmark_cpu(lambda: choice.run(args), setup=lambda: verify.restore(args, self.initial, restore))
+        except Exception as exc:  # it ran when screened: keep those figures
+            log.warning("%s: timing %s again failed (%s); keeping its first timing", self.job.name, choice.name, exc)
+            return screened
+        finally:
+            self.bench_s += time.perf_counter() - started
+            verify.restore(args, self.initial)
+        if self.best_ms is None or timing.median_ms < self.best_ms:
+            self.best_ms = timing.median_ms
+        return make_record(self.job, choice, "ok", timing=timing, info=screened.info)
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
@@ -222,14 +244,46 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
     emit(TrialsDone(trials.verify_s, trials.bench_s))
 
 
+# Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices on the CPU, each is first timed for
+# SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. A default
+# GEMM space has 5-23 choices, most of them clearly slower: timing each fully made most of a cold tuning.
+SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS = 4, 0.2, 3
+
+
+def _screen_budget(trials: Trials, count: int) -> float | None:
+    if trials.job.device != "cpu" or count <= SCREEN_ABOVE or config.get_float("autotune.screen_ratio") <= 0:
+        return None
+    return SCREEN_SHARE * config.get_float("autotune.bench_time_s")
+
+
+def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str) -> list[int]:
+    """Positions in `results` of the screened choices within autotune.screen_ratio of the fastest."""
+    timed = [(pos, t) for pos, (_, _, record) in enumerate(results)
+             if record.status == "ok" and "+screened" in record.method and "+abandoned" not in record.method
+             and (t := record.time(statistic)) is not None]
+    if not timed:
+        return []
+    best = min(t for _, t in timed)
+    ratio = config.get_float("autotune.screen_ratio")
+    return [pos for pos, t in timed if t <= best * ratio]
+
+
 def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
     results = []
+    screen_s = _screen_budget(trials, len(choices))
     for i, choice in enumerate(choices):
         emit(ChoiceStarted(i))
-        record = trials.run(choice)
+        record = trials.run(choice, screen_s)
         emit(ChoiceResult(i, record))
         if trials.lost is not None:
             raise trials.context_lost(choice.name, i + 1, len(choices))
         results.append((i, choice, record))
+    if screen_s is not None:
+        for pos in _contenders(results, config.get_str("autotune.statistic")):
+            i, choice, screened = results[pos]
+            record = trials.retime(choice, screened)
+            if record is not screened:
+                emit(ChoiceConfirmed(i, record))
+                results[pos] = (i, choice, record)
     for i, record in trials.confirm(results):
         emit(ChoiceConfirmed(i, record))

@@ -33,7 +33,7 @@ struct Entry {
     bool used;
     Kind kind;
     GemmKernel kernel;
-    int64_t params[5];  // MC, KC, NC, threads, par
+    int64_t params[5];  // MC, KC, NC, threads, mode (template.runtime_args)
     PyObject* call;     // (alpha, beta, a, b, out, bias); owned
     // A multi-threaded kernel's timing, to notice when its helper threads have lost their cores (see observe).
     int64_t best_ns, defer_until_ns, backoff_ns, library_ns;  // library_ns: numpy last took a call of it
@@ -309,7 +309,7 @@ PyObject* register_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     int64_t params[5] = {0, 0, 0, 0, 0};
     if (kind == KERNEL) {
         if (!PyTuple_Check(args[9]) || PyTuple_GET_SIZE(args[9]) != 5) {
-            PyErr_SetString(PyExc_TypeError, "register: params must be (MC, KC, NC, threads, par)");
+            PyErr_SetString(PyExc_TypeError, "register: params must be (MC, KC, NC, threads, mode)");
             return nullptr;
         }
         for (int i = 0; i < 5; ++i) {

@@ -19,7 +19,7 @@ import numpy as np
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import dispatch, torch_cpu
 from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
-from tuneforge.kernels.gemm.template import RUNTIME_PARAMS, SMALL_M, TEMPLATE, static_args
+from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, runtime_args, static_args
 from tuneforge.store.default import default_records
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.select import select, selection_key
@@ -110,7 +110,7 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Prepared:
             address = dispatch.kernel_address(kernel)
         except LookupError:
             return Prepared(bound, dispatch.CALL)
-        return Prepared(bound, dispatch.KERNEL, address, tuple(choice.config[p] for p in RUNTIME_PARAMS))
+        return Prepared(bound, dispatch.KERNEL, address, runtime_args(choice.config))
     if isinstance(choice, ExternChoice) and choice.fn is numpy_gemm:
         matmul = np.matmul
 

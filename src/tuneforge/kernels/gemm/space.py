@@ -17,7 +17,7 @@ from tuneforge import config
 from tuneforge.cpuinfo import CpuInfo, cpu_info
 
 C_TYPES = {"float32": "float", "float64": "double"}
-COMPILE_PARAMS = ("T", "VEC_BYTES", "MR", "NV", "PACK_A", "PACK_B", "UNROLL", "LOOP", "NAME")
+COMPILE_PARAMS = ("T", "VEC_BYTES", "MR", "NV", "UNROLL", "LOOP", "NAME")  # see template.RUNTIME_PARAMS
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _config(p: Problem, vec: int, mr: int, nv: int, *, pack_a: int, pack_b: int,
 
 
 def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> list[dict[str, Any]]:
-    """About a dozen configurations picked by heuristics; at most 4 distinct compiled kernels."""
+    """About a dozen configurations picked by heuristics; at most 3 distinct compiled kernels."""
     cpu = cpu or cpu_info()
     widest = vector_widths(cpu)[0]
     team = threads or max_threads()

@@ -10,12 +10,13 @@ from tuneforge.kernels.gemm.space import describe
 from tuneforge.tune.template import KernelTemplate
 
 # Parameters that are run-time arguments of the compiled kernel: configurations that differ only
-# in them share one artifact.
-RUNTIME_PARAMS = ("MC", "KC", "NC", "threads", "par")
+# in them share one artifact. Packing is decided outside the inner loops, so it costs nothing there
+# to leave it to run time, and a cold tuning compiles one kernel per register tile instead of three.
+RUNTIME_PARAMS = ("MC", "KC", "NC", "threads", "par", "PACK_A", "PACK_B")
 
 SIGNATURE = ("void tuneforge_gemm(int64_t M, int64_t N, int64_t K, int64_t rsa, int64_t csa, int64_t rsb, "
              "int64_t csb, int64_t rsc, int64_t csc, int64_t MC, int64_t KC, int64_t NC, int64_t threads, "
-             "int64_t par, double alpha, double beta, const {{ T }}* a, const {{ T }}* b, {{ T }}* c, "
+             "int64_t mode, double alpha, double beta, const {{ T }}* a, const {{ T }}* b, {{ T }}* c, "
              "const {{ T }}* bias)")
 
 
@@ -24,11 +25,17 @@ def element_strides(arr: Any) -> tuple[int, int]:
     return arr.strides[0] // item, arr.strides[1] // item
 
 
+def runtime_args(config: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
+    """A configuration's run-time arguments: MC, KC, NC, threads and the mode bits (1: the other parallel
+    loop, `par`; 2: pack A; 4: pack B; the few-rows kernel reads only bit 1)."""
+    mode = int(config["par"]) | (2 if config.get("PACK_A") else 0) | (4 if config.get("PACK_B") else 0)
+    return config["MC"], config["KC"], config["NC"], config["threads"], mode
+
+
 def static_args(a: Any, b: Any, out: Any, config: Mapping[str, Any]) -> tuple[Any, ...]:
     """The leading arguments of a kernel call: sizes, element strides and the run-time parameters."""
     (m, k), n = a.shape, b.shape[1]
-    return (m, n, k, *element_strides(a), *element_strides(b), *element_strides(out),
-            config["MC"], config["KC"], config["NC"], config["threads"], config["par"])
+    return (m, n, k, *element_strides(a), *element_strides(b), *element_strides(out), *runtime_args(config))
 
 
 def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
