@@ -69,9 +69,9 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
         spin(0.001)
 
     with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.0):
-        first, second = time_side_by_side([fast, slow], lambda: None, typical_ms=1.0, settle_after=[False, True])
+        first, second = time_side_by_side([fast, slow], lambda: None, typical_ms=5.0, settle_after=[False, True])
     assert first.method == second.method == "cpu-perf_counter+paired"
-    assert first.count == second.count >= MIN_ROUNDS * 2  # batches of 2 runs: 2 ms of 1 ms runs
+    assert first.count == second.count >= MIN_ROUNDS * 2  # batches of 2 runs: 10 ms of (typically) 5 ms runs
     assert first.median_ms < second.median_ms
     # the order alternates; each batch of 2 timed runs starts with an untimed warm-up run
     assert order[:6] == ["f"] * 3 + ["s"] * 3 and order[6:12] == ["s"] * 3 + ["f"] * 3

@@ -24,7 +24,7 @@ KERNEL_PAUSE_S = 0.01
 # After a pause, the first run of a multi-threaded kernel is slower (sleeping threads, an idle core):
 # each batch starts with an untimed run, except for long runs, where that costs more than it skews.
 WARM_UP_BELOW_MS = 50.0
-ROUND_BATCH_S = 0.002  # each choice runs at least this long per round, so tiny kernels are timed over many runs
+ROUND_BATCH_S = 0.01  # each choice runs at least this long per round: 3 rounds of a 1 ms kernel give 30 runs
 
 
 def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[Choice, Record]]:
