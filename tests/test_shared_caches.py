@@ -29,8 +29,12 @@ GEMM = """
     from tuneforge.tune.specs import TensorSpec
     m, n, k = {shape}
     specs = [TensorSpec.contiguous((m, k)), TensorSpec.contiguous((k, n)), 1.0, 0.0, None]
+    candidates = choices(Problem(m, n, k, "float32"))
+    library = next(c for c in candidates if c.is_extern)  # the reference either way
+    if {kernels_only}:
+        candidates = [c for c in candidates if not c.is_extern]
     with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_log={log!r}):
-        s = select_detailed("gemm", choices(Problem(m, n, k, "float32")), specs, out=TensorSpec.contiguous((m, n)))
+        s = select_detailed("gemm", candidates, specs, out=TensorSpec.contiguous((m, n)), reference=library)
     a = np.ones((m, k), np.float32); b = np.ones((k, n), np.float32); out = np.zeros((m, n), np.float32)
     s.choice(a, b, 1.0, 0.0, None, out)
     from tuneforge.store.remote import flush_all
@@ -43,9 +47,12 @@ GEMM = """
 
 
 def gemm_child(tmp_path: Path, cache: str, *, shape: tuple[int, int, int] = (40, 48, 32),
-               env: dict[str, str] | None = None, check: bool = True) -> tuple[dict[str, object], str]:
+               env: dict[str, str] | None = None, check: bool = True,
+               kernels_only: bool = False) -> tuple[dict[str, object], str]:
+    """Run one GEMM selection in a child process; `kernels_only`: numpy.matmul is the reference but not a
+    candidate, so the winner is a compiled kernel whatever this machine's timings."""
     log = tmp_path / f"{cache}.jsonl"
-    proc = run_python(GEMM.format(shape=shape, log=str(log)), check=check,
+    proc = run_python(GEMM.format(shape=shape, log=str(log), kernels_only=kernels_only), check=check,
                       env={"TUNEFORGE_CACHE_DIR": str(tmp_path / cache), **(env or {})})
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -74,15 +81,14 @@ def test_tampered_artifact_is_rejected_and_counted(tmp_path: Path, redis_clean: 
 
     env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_SECRET": "s3cret",
            "TUNEFORGE_AUTOTUNE_ISOLATE": "0"}
-    first, _ = gemm_child(tmp_path, "a", env=env)
-    if first["winner"] == "numpy_matmul":
-        pytest.skip("numpy won: no compiled artifact to tamper with")
+    first, _ = gemm_child(tmp_path, "a", env=env, kernels_only=True)
+    assert first["winner"] != "numpy_matmul"  # a compiled artifact to tamper with
     raw = redis_client.Redis.from_url(redis_clean)
     for key in raw.keys("tuneforge:v1:art:*"):
         value = bytearray(raw.get(key))
         value[-3] ^= 0x55
         raw.set(key, bytes(value))
-    second, _ = gemm_child(tmp_path, "b", env=env)
+    second, _ = gemm_child(tmp_path, "b", env=env, kernels_only=True)
     assert second["source"] == "remote" and second["value"] == 32.0  # records fine, artifact rebuilt locally
     assert second["remote"]["rejected"] >= 1
     stats = subprocess.run([sys.executable, "-m", "tuneforge", "cache", "stats", "--json"], capture_output=True,
@@ -95,7 +101,7 @@ def test_redis_killed_mid_selection_completes_locally(tmp_path: Path, redis_priv
 
     env = {**os.environ, "TUNEFORGE_REMOTE_URL": redis_private.url, "TUNEFORGE_CACHE_DIR": str(tmp_path / "c"),
            "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.05", "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
-    code = textwrap.dedent(GEMM.format(shape=(64, 64, 64), log=str(tmp_path / "c.jsonl")))
+    code = textwrap.dedent(GEMM.format(shape=(64, 64, 64), log=str(tmp_path / "c.jsonl"), kernels_only=False))
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     # The selection's first remote lookup (a miss) comes before its builds and measurements: kill the server
