@@ -116,7 +116,7 @@ def test_without_a_tie_the_first_timings_stand(tuning: Path) -> None:
 
 
 def test_many_choices_are_screened_and_only_contenders_timed_fully(tuning: Path) -> None:
-    """Six choices: each is first timed briefly; the clearly slower ones keep that short timing (``+screened``),
+    """Nine choices: each is first timed briefly; the clearly slower ones keep that short timing (``+screened``),
     the ones within autotune.screen_ratio of the fastest are timed again with the full budget."""
     def make(name: str, seconds: float) -> Choice:
         def run(a: Any, b: Any, out: Any) -> None:
@@ -125,14 +125,15 @@ def test_many_choices_are_screened_and_only_contenders_timed_fully(tuning: Path)
 
         return ExternChoice(run, name=name)
 
-    choices = [make("slow1", 0.003), make("fast", 0.0005), make("slow2", 0.003), make("close", 0.00055),
-               make("slow3", 0.004), make("slow4", 0.003)]
+    slow = [f"slow{i}" for i in range(7)]
+    choices = [make(slow[0], 0.003), make("fast", 0.0005), make(slow[1], 0.003), make("close", 0.00055),
+               *(make(name, 0.003) for name in slow[2:])]
     inputs = [np.ones(16), np.ones(16)]
     with config.patch(autotune_bench_time_s=0.02, autotune_min_repeats=3, autotune_confirm_margin=0.0):
         selection = select_detailed("screened", choices, inputs, out=np.empty(16))
     records = {r.choice_name: r for r in default_records().get(selection.key)}
     assert selection.choice.name == "fast"
-    for name in ("slow1", "slow2", "slow3", "slow4"):
+    for name in slow:
         assert "+screened" in records[name].method, records[name]
     for name in ("fast", "close"):  # re-timed for the whole budget: 20 ms of 0.5 ms runs
         assert "+screened" not in records[name].method and records[name].count >= 20, records[name]
@@ -142,10 +143,10 @@ def test_screening_is_off_with_a_ratio_of_zero_or_few_choices(tuning: Path) -> N
     def run(a: Any, b: Any, out: Any) -> None:
         np.add(a, b, out=out)
 
-    many = [ExternChoice(run, name=f"c{i}") for i in range(6)]
+    many = [ExternChoice(run, name=f"c{i}") for i in range(10)]
     with config.patch(autotune_screen_ratio=0.0):
         selection = select_detailed("unscreened", many, [np.ones(8), np.ones(8)], out=np.empty(8))
     assert not any("+screened" in r.method for r in default_records().get(selection.key))
-    few = [ExternChoice(run, name=f"d{i}") for i in range(4)]
+    few = [ExternChoice(run, name=f"d{i}") for i in range(8)]
     selection = select_detailed("few", few, [np.ones(8), np.ones(8)], out=np.empty(8))
     assert not any("+screened" in r.method for r in default_records().get(selection.key))

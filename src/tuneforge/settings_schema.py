@@ -137,7 +137,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),
     Setting("autotune.screen_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.3,
-            "With more than 4 CPU choices, time each briefly first (a fifth of bench_time_s) and give the full "
+            "With more than 8 CPU choices, time each briefly first (a fifth of bench_time_s) and give the full "
             "budget only to those within this many times the fastest (0: time every choice fully).",
             in_cache_key=False),
     Setting("autotune.settle_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.2,

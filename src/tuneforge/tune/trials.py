@@ -245,9 +245,10 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
 
 
 # Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices on the CPU, each is first timed for
-# SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. A default
-# GEMM space has 5-23 choices, most of them clearly slower: timing each fully made most of a cold tuning.
-SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS = 4, 0.2, 3
+# SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. The GEMV
+# and skinny GEMM spaces have 13-23 choices, most of them clearly slower: timing each fully made most of a cold
+# tuning. Fewer choices gain little, and each contender is timed twice.
+SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS = 8, 0.2, 3
 
 
 def _screen_budget(trials: Trials, count: int) -> float | None:
