@@ -29,7 +29,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
-from tuneforge.tune.bench import benchmark_cpu
+from tuneforge.tune.bench import Timing, benchmark_cpu
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import near_tie, time_side_by_side
@@ -165,6 +165,10 @@ class Trials:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
             self.bench_s += time.perf_counter() - timed
+        return self._timed(choice, timing, info)
+
+    def _timed(self, choice: Choice, timing: Timing, info: dict[str, Any]) -> Record:
+        """The record of a timed choice; its median counts towards the best so far (for abandoning)."""
         if self.best_ms is None or timing.median_ms < self.best_ms:
             self.best_ms = timing.median_ms
         return make_record(self.job, choice, "ok", timing=timing, info=info)
@@ -182,9 +186,7 @@ class Trials:
         finally:
             self.bench_s += time.perf_counter() - started
             verify.restore(args, self.initial)
-        if self.best_ms is None or timing.median_ms < self.best_ms:
-            self.best_ms = timing.median_ms
-        return make_record(self.job, choice, "ok", timing=timing, info=screened.info)
+        return self._timed(choice, timing, screened.info)
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
