@@ -163,6 +163,12 @@ kernel(*args, 1.0, 0.0, a, b, out, None)
 assert (out == 512).all()
 if MODE == "maps":
     print("libgomp" in open("/proc/self/maps").read(), "libomp" in open("/proc/self/maps").read())
+elif MODE == "affinity":  # the process's CPUs, then each worker's: all of them but the caller's
+    import os
+    print(len(os.sched_getaffinity(0)))
+    for task in sorted(int(t) for t in os.listdir("/proc/self/task")):
+        if open(f"/proc/self/task/{task}/comm").read().strip() == "tuneforge-pool":
+            print(task, len(os.sched_getaffinity(task)), os.sched_getaffinity(task) <= os.sched_getaffinity(0))
 else:  # the workers' CPU time while the process sleeps between calls: their idle spinning
     busy = 0.0
     for _ in range(30):
@@ -179,6 +185,19 @@ def test_kernels_bring_no_openmp_runtime(kernels_dir: Path) -> None:
     """A kernel's threads are tuneforge's own: no OpenMP runtime whose spinning threads could fight OpenBLAS's."""
     proc = run_python("MODE = 'maps'\n" + _CHILD, env={"TUNEFORGE_CACHE_DIR": str(kernels_dir)}, timeout=300)
     assert proc.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="thread affinity on Linux, with two CPUs or more")
+def test_workers_are_kept_off_the_callers_cpu(kernels_dir: Path) -> None:
+    """A woken worker could land on the caller's CPU and wait there for a time slice (the call then runs at one
+    thread's speed): each worker may run on every CPU of the process but one, the caller's."""
+    proc = run_python("MODE = 'affinity'\n" + _CHILD, env={"TUNEFORGE_CACHE_DIR": str(kernels_dir)}, timeout=300)
+    lines = proc.stdout.split("\n")
+    cpus = int(lines[0])
+    workers = [line.split() for line in lines[1:] if line.strip()]
+    assert workers, proc.stdout
+    assert all(int(count) == cpus - 1 and subset == "True" for _, count, subset in workers), proc.stdout
 
 
 def idle_spin_seconds(kernels_dir: Path, policy: str | None) -> float:

@@ -164,6 +164,9 @@ inline bool start_workers(Pool& p, int wanted) {
         const int rc = pthread_create(&t, &attr, worker_main, (void*)(intptr_t)(p.workers + 1));
         pthread_attr_destroy(&attr);
         if (rc != 0) break;
+#if defined(__linux__)
+        pthread_setname_np(t, "tuneforge-pool");  // how top and /proc tell them from OpenBLAS's threads
+#endif
         p.threads[p.workers++] = t;
         p.avoided_cpu = -1;  // the new worker may run anywhere yet
     }
