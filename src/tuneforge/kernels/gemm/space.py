@@ -118,8 +118,9 @@ def blocking(p: Problem, vec_bytes: int, mr: int, nv: int, cpu: CpuInfo, kc_scal
     l1 = cpu.caches().get("L1d", 32 * 1024)
     l2 = cpu.caches().get("L2", 512 * 1024)
     kc = _balanced(p.k, max(32, min(1024, int(l1 * 0.6 * kc_scale / (mr * s)))), 8)
-    nc = _balanced(p.n, int(l2 * 0.5 / (kc * s)), nr)
-    mc = _balanced(p.m, int(l2 * 0.5 / (kc * s)), mr, threads)
+    half_l2 = int(l2 * 0.5 / (kc * s))  # rows or columns of a KC-deep block that fill half of L2
+    nc = _balanced(p.n, half_l2, nr)
+    mc = _balanced(p.m, half_l2, mr, threads)
     return {"MC": mc, "KC": kc, "NC": nc}
 
 
