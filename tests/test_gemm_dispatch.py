@@ -168,8 +168,8 @@ def test_a_forked_child_may_load_the_dispatcher_itself(monkeypatch: pytest.Monke
 
 
 def test_the_dispatcher_learns_numpys_tuned_time_relative_to_the_winner(cache_dir: Path) -> None:
-    """A kernel slowed by other threads hands its calls to numpy only while numpy would be faster: the
-    threshold is numpy's tuned time over the winner's, read from the selection's records."""
+    """A kernel whose threads would share cores hands its calls to numpy only while numpy would be faster: until
+    both have been seen so, numpy's tuned time over the winner's, read from the selection's records, says."""
     from tuneforge.kernels.gemm import op
     from tuneforge.kernels.gemm.space import Problem
     from tuneforge.store.default import default_records

@@ -13,6 +13,8 @@
 
 #include <vector>
 
+// @BUSY_THREADS@
+
 namespace {
 
 typedef void (*GemmKernel)(int64_t M, int64_t N, int64_t K, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
@@ -35,30 +37,14 @@ struct Entry {
     GemmKernel kernel;
     int64_t params[5];  // MC, KC, NC, threads, mode (template.runtime_args)
     PyObject* call;     // (alpha, beta, a, b, out, bias); owned
-    // A multi-threaded kernel's timing, to notice when its helper threads have lost their cores (see observe).
-    int64_t best_ns, defer_until_ns, backoff_ns, library_ns;  // library_ns: numpy last took a call of it
-    int slow_streak;
-    double slow;  // a call is slow past this many times the best: SLOW, or numpy's tuned time over the kernel's
+    // A multi-threaded kernel's plain calls, to hand them to numpy.matmul while its threads would share cores
+    // (see plan): typical times and the window numpy has them for.
+    int64_t best_ns;        // the kernel's quickest call with no other thread of the process running
+    int64_t contended_ns;   // its typical call while one was (0: none seen yet)
+    int64_t library_ns;     // numpy.matmul's typical call made in its place (0: none yet)
+    int64_t defer_until_ns, window_ns;
+    double library_ratio;   // numpy's tuned time over the kernel's (0: not known)
 };
-
-// When a multi-threaded kernel's calls take SLOW times its best, SLOW_CALLS in a row, its threads are sharing cores
-// (SLOW, or as long as numpy.matmul took in tuning where that is longer: a kernel slowed but still faster than
-// numpy keeps its calls)
-// (typically with OpenBLAS's workers, which spin for ~0.1 s after each numpy call: they then hold half of
-// the core this kernel's helper needs). numpy.matmul, whose threads those are, then takes the plain calls
-// (alpha 1, beta 0, no bias) for a window, doubled while the contention lasts (BACKOFF_MIN to BACKOFF_MAX); a
-// fast call resets it. Numpy's calls made here wake OpenBLAS's workers themselves, so slow calls within
-// OWN_ECHO of the last one are no evidence: a kernel slowed only by our own deferral gets its speed back.
-const double SLOW = 1.5;
-const int SLOW_CALLS = 4;
-const int64_t BACKOFF_MIN = 5000000, BACKOFF_MAX = 2000000000, OWN_ECHO = 150000000;
-uint64_t deferred_calls = 0;
-
-int64_t now_ns() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 std::vector<Entry> table(64);  // open addressing, power-of-two size, at most half full
 size_t filled = 0;
@@ -79,6 +65,84 @@ Entry* slot(const Key& key) {
     const size_t mask = table.size() - 1;
     for (size_t i = hash_key(key) & mask;; i = (i + 1) & mask)
         if (!table[i].used || memcmp(&table[i].key, &key, sizeof(Key)) == 0) return &table[i];
+}
+
+// A multi-threaded kernel's plain calls (alpha 1, beta 0, no bias) go to numpy.matmul while the kernel's helpers
+// would share cores with other running threads of this process and numpy would be the faster of the two then
+// (busy_threads.h: such a thread is usually an OpenBLAS worker spinning after a numpy call, so numpy runs at full
+// speed while the kernel takes up to twice its time). A hand-off lasts a window, WINDOW_MIN at first.
+// numpy's calls made here keep its workers spinning too, so when a window ends the kernel takes the calls again,
+// and running workers are only evidence once library_echo_ns has passed since the last call numpy took here: the
+// workers still running then are the program's own numpy work. The next window is 4x longer (at most WINDOW_MAX)
+// while that work goes on, WINDOW_MIN again after a pause; workers seen idle end the hand-offs. So a one-off
+// numpy call costs a window and an echo, and a program that interleaves numpy matmuls with the kernel's calls
+// has numpy make them but for an echo every WINDOW_MAX.
+const int64_t WINDOW_MIN = 100000000, WINDOW_MAX = 10000000000;
+const double CONTENDED_GUESS = 1.5;  // the kernel's slow-down beside a running thread, until one is seen
+const double SPELL_SHARE = 0.5;      // busy for this share of the time since the previous look: the spell goes on
+int64_t library_echo_ns = 0;         // how long OpenBLAS's workers spin after a call (init)
+int64_t library_end_ns = 0;          // when the last call handed to numpy ended
+int64_t last_look_ns = 0;            // when plan last looked at the other threads
+uint64_t deferred_calls = 0;
+
+int64_t now_ns() { return tfbusy::now_ns(); }
+
+// OpenBLAS's workers spin 2^OPENBLAS_THREAD_TIMEOUT (4-30, default 28) time-stamp-counter ticks after a call;
+// counted at 1.5 GHz, a floor for the counter's rate, so the echo is never under-estimated.
+int64_t library_echo() {
+    int exponent = 28;
+    if (const char* text = getenv("OPENBLAS_THREAD_TIMEOUT")) {
+        const int value = atoi(text);
+        if (value > 0) exponent = value < 4 ? 4 : value > 30 ? 30 : value;
+    }
+    return (int64_t)((double)(1LL << exponent) / 1.5);
+}
+
+int64_t typical(int64_t before, int64_t took) { return before == 0 ? took : (3 * before + took) / 4; }
+
+// Whether numpy.matmul would beat the kernel beside a running thread, from what has been seen of both (or guessed:
+// the library's tuned ratio, the kernel CONTENDED_GUESS times slower than its best).
+bool library_faster(const Entry& e) {
+    const double best = e.best_ns ? (double)e.best_ns : (double)e.contended_ns / CONTENDED_GUESS;
+    const double ours = e.contended_ns ? (double)e.contended_ns : CONTENDED_GUESS * best;
+    const double theirs = e.library_ns ? (double)e.library_ns : (e.library_ratio > 0 ? e.library_ratio : 1.0) * best;
+    return best > 0 && theirs < ours;
+}
+
+enum Plan { QUIET, CONTENDED, LIBRARY_TAKES };
+
+// Who makes a watched call, and what its time will teach (the entry is the table's, read with the GIL held).
+Plan plan(Entry* e, int64_t now) {
+    if (now < e->defer_until_ns) return LIBRARY_TAKES;
+    double share;  // how busy the running threads were since the previous look
+    const int64_t since_look = now - last_look_ns;
+    last_look_ns = now;
+    if (!tfbusy::crowded(e->params[3], &share)) {
+        e->window_ns = 0;
+        return QUIET;
+    }
+    if ((library_end_ns != 0 && now - library_end_ns < library_echo_ns) || !library_faster(*e)) return CONTENDED;
+    // Looked at moments ago, or busy all along since: the same spell of numpy work goes on, give numpy a longer
+    // window. Mostly idle for longer than an echo: a new spell, which may be a single call.
+    const bool goes_on = e->window_ns != 0 && (since_look < library_echo_ns || share >= SPELL_SHARE);
+    e->window_ns = goes_on ? (4 * e->window_ns < WINDOW_MAX ? 4 * e->window_ns : WINDOW_MAX) : WINDOW_MIN;
+    e->defer_until_ns = now + e->window_ns;
+    return LIBRARY_TAKES;
+}
+
+// Notes a watched call's time (the entry is looked up again: the table may have changed during the call).
+void learn(const Key& key, GemmKernel kernel, Plan planned, int64_t start, int64_t end) {
+    Entry* e = slot(key);
+    if (!e->used || e->kernel != kernel) return;
+    const int64_t took = end - start;
+    if (planned == QUIET) {
+        if (e->best_ns == 0 || took < e->best_ns) e->best_ns = took;
+    } else if (planned == CONTENDED) {
+        e->contended_ns = typical(e->contended_ns, took);
+    } else {
+        e->library_ns = typical(e->library_ns, took);
+        library_end_ns = end;
+    }
 }
 
 int space_index(PyObject* space) {
@@ -163,26 +227,6 @@ bool safe_operands(PyArrayObject* a, PyArrayObject* b, PyArrayObject* out, PyObj
     return true;
 }
 
-// Notes a watched kernel call's duration (with the GIL held: the entry is looked up again, the table may
-// have changed during the call), and opens a window for numpy when the kernel is being slowed.
-void observe(const Key& key, GemmKernel kernel, int64_t took) {
-    Entry* e = slot(key);
-    if (!e->used || e->kernel != kernel) return;
-    if (e->best_ns == 0 || took < e->best_ns) e->best_ns = took;
-    const int64_t now = now_ns();
-    if (took <= e->slow * e->best_ns) {
-        e->slow_streak = 0;
-        e->backoff_ns = 0;
-    } else if (e->library_ns == 0 || now - e->library_ns > OWN_ECHO) {
-        if (++e->slow_streak >= SLOW_CALLS) {
-            e->backoff_ns = e->backoff_ns ? (2 * e->backoff_ns < BACKOFF_MAX ? 2 * e->backoff_ns : BACKOFF_MAX)
-                                          : BACKOFF_MIN;
-            e->defer_until_ns = now + e->backoff_ns;
-            e->slow_streak = 0;
-        }
-    }
-}
-
 PyObject* call_slow(PyObject* const* args) {
     if (slow_path == nullptr) {
         PyErr_SetString(PyExc_RuntimeError, "tuneforge gemm dispatcher used before init()");
@@ -225,18 +269,19 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(keep);
     const bool plain = alpha == 1 && beta == 0 && bias == Py_None;
     const bool watched = entry.kind == KERNEL && entry.params[3] > 1 && plain;
-    if (watched && entry.defer_until_ns > 0 && now_ns() < entry.defer_until_ns) {
+    const int64_t start = watched ? now_ns() : 0;
+    const Plan planned = watched ? plan(slot(key), start) : QUIET;
+    if (watched && planned == LIBRARY_TAKES) {
         ++deferred_calls;
-        slot(key)->library_ns = now_ns();
         PyObject* call_args[3] = {a, b, out};
         PyObject* returned = PyObject_Vectorcall(matmul, call_args, 2, out_kwname);
         if (returned != nullptr) {
             Py_DECREF(returned);
             Py_INCREF(out);
             result = out;
+            learn(key, entry.kernel, planned, start, now_ns());
         }
     } else if (entry.kind == KERNEL) {
-        const int64_t start = watched ? now_ns() : 0;
         const void* bias_data = bias == Py_None ? nullptr : PyArray_DATA((PyArrayObject*)bias);
         const int64_t item = PyArray_ITEMSIZE((PyArrayObject*)a);
         const int64_t* s = key.strides;
@@ -249,7 +294,7 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         entry.kernel(key.m, key.n, key.k, s[0] / item, s[1] / item, s[2] / item, s[3] / item, s[4] / item,
                     s[5] / item, p[0], p[1], p[2], p[3], p[4], alpha, beta, a_data, b_data, c_data, bias_data);
         if (state != nullptr) PyEval_RestoreThread(state);
-        if (watched) observe(key, entry.kernel, now_ns() - start);
+        if (watched) learn(key, entry.kernel, planned, start, now_ns());
         Py_INCREF(out);
         result = out;
     } else {
@@ -323,7 +368,7 @@ PyObject* register_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     else ++filled;
     Py_INCREF(args[7]);
     *e = Entry{key, true, (Kind)kind, (GemmKernel)address, {params[0], params[1], params[2], params[3], params[4]},
-               args[7], 0, 0, 0, 0, 0, library_ratio > SLOW ? library_ratio : SLOW};
+               args[7], 0, 0, 0, 0, 0, library_ratio};
     Py_RETURN_TRUE;
 }
 
@@ -339,6 +384,8 @@ PyObject* size(PyObject*, PyObject*) { return PyLong_FromSize_t(filled); }
 
 PyObject* deferred(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(deferred_calls); }
 
+PyObject* busy_threads(PyObject*, PyObject*) { return PyLong_FromLong(tfbusy::running_others()); }
+
 // init(slow_path, matmul)
 PyObject* init(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
@@ -349,6 +396,7 @@ PyObject* init(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(args[1]);
     Py_XSETREF(slow_path, args[0]);
     Py_XSETREF(matmul, args[1]);
+    library_echo_ns = library_echo();
     Py_RETURN_NONE;
 }
 
@@ -360,7 +408,10 @@ PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(slow_path, matmul)"},
     {"clear", clear, METH_NOARGS, "forget every registered layout"},
     {"size", size, METH_NOARGS, "how many layouts are registered"},
-    {"deferred", deferred, METH_NOARGS, "how many kernel calls numpy.matmul took over while the kernel's threads were slowed"},
+    {"deferred", deferred, METH_NOARGS,
+     "how many kernel calls numpy.matmul took while the kernel's threads would have shared cores"},
+    {"busy_threads", busy_threads, METH_NOARGS,
+     "how many other threads of this process are running now (the caller and tuneforge's pool workers aside)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

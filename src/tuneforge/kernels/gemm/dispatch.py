@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 KERNEL, LIBRARY, CALL = 0, 1, 2
 
 _SOURCE = Path(__file__).with_name("dispatch.cpp")
+_BUSY_THREADS = Path(__file__).with_name("busy_threads.h")  # pasted in: the module is one source file
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 _loader: threading.Thread | None = None
@@ -33,7 +34,8 @@ def _load(slow_path: Callable[..., Any]) -> None:
 
         from tuneforge.compile.cpp import load_module
 
-        module = load_module(_SOURCE.read_text(), include_dirs=[np.get_include()], openmp=False)
+        source = _SOURCE.read_text().replace("// @BUSY_THREADS@\n", _BUSY_THREADS.read_text(), 1)
+        module = load_module(source, include_dirs=[np.get_include()], openmp=False)
         module.init(slow_path, np.matmul)
         _loaded = module
     except Exception as exc:  # a missing compiler must not stop gemm: its Python path still works

@@ -1,0 +1,92 @@
+"""The C dispatcher hands a multi-threaded kernel's plain calls to numpy.matmul while another thread of the
+process is running (busy_threads.h, dispatch.cpp's plan): OpenBLAS's workers, spinning for ~0.1 s after each
+numpy call, would take the cores the kernel's helpers need. Real numpy, real kernels, real threads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_python
+
+
+def openblas_threads() -> int:
+    import numpy  # noqa: F401  (threadpoolctl sees only the libraries loaded)
+    from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
+
+    return max((p["num_threads"] for p in threadpool_info() if p.get("internal_api") == "openblas"), default=0)
+
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' states are read from /proc"),
+    pytest.mark.skipif(openblas_threads() < 2, reason="needs numpy on OpenBLAS with worker threads"),
+]
+
+_CHILD = """
+import time
+import numpy as np
+import tuneforge
+from tuneforge.kernels.gemm import dispatch, op
+
+# The tuned choice is a two-thread kernel, and numpy counts as fast as it (its tuned time over the kernel's is 1),
+# so the first call made beside a running thread is handed over whatever this machine's timings.
+everything = op.choices
+op.choices = lambda problem, space="default", library="numpy": [
+    c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
+op._library_ratio = lambda *args: 1.0
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((512, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
+out, c = np.empty((512, 512), np.float32), np.zeros((512, 512), np.float32)
+p, q, r = np.ones((64, 1024), np.float32), np.ones((1024, 64), np.float32), np.empty((64, 64), np.float32)
+for _ in range(3):
+    tuneforge.gemm(a, b, out)
+fast = dispatch.wait(60)
+tuneforge.gemm(a, b, out)  # registers the layout with the C dispatcher, now loaded
+assert fast is not None and fast.size() == 1, fast
+tuneforge.gemm(a, b, c, beta=1.0)  # tunes the beta != 0 layout too
+c[:] = 0
+
+
+def deferred_over(step, times):
+    before = fast.deferred()
+    for _ in range(times):
+        step()
+    return fast.deferred() - before
+
+
+def gemm():
+    tuneforge.gemm(a, b, out)
+
+
+def side():  # a numpy matmul large enough for OpenBLAS to use its workers
+    np.matmul(p, q, out=r)
+
+
+time.sleep(1.0)  # OpenBLAS's workers, busy in tuning, go to sleep
+idle = fast.busy_threads()
+quiet = deferred_over(gemm, 100)
+side()
+after_numpy = fast.busy_threads()
+first = deferred_over(gemm, 1)
+then = deferred_over(gemm, 400)
+last = deferred_over(gemm, 200)
+np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+side()
+accumulated = deferred_over(lambda: tuneforge.gemm(a, b, c, beta=1.0), 1)
+np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+print(idle, quiet, after_numpy, first, then, last, accumulated)
+"""
+
+
+def test_running_threads_take_the_kernels_plain_calls(tmp_path: Path) -> None:
+    """With OpenBLAS's workers idle the kernel makes every call; right after a numpy call they are running and
+    numpy takes the next call; once numpy has been left alone for its workers' spin time they sleep and the kernel
+    makes the calls again. Results stay right, and a call numpy cannot make alone (beta != 0) is never handed over."""
+    proc = run_python(_CHILD, env={"TUNEFORGE_CACHE_DIR": str(tmp_path)}, timeout=300)
+    idle, quiet, after_numpy, first, then, last, accumulated = map(int, proc.stdout.split()[-7:])
+    assert idle == 0 and quiet == 0, proc.stdout
+    assert after_numpy >= 1 and first == 1, proc.stdout
+    assert then > 0 and last == 0, proc.stdout
+    assert accumulated == 0, proc.stdout
