@@ -258,6 +258,7 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: s
 
     m, n, k = shape
     reference = None
+    sample = None  # rank on a sample of the problem (gemm on the CPU, large shapes)
     if device == "cuda":
         candidates, specs, out, reference = _cuda_problem(op, shape, dtype, space)
     elif dtype not in ("float32", "float64"):
@@ -270,16 +271,18 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: s
     if device == "cpu" and op == "gemm":
         from tuneforge.kernels.gemm import Problem
         from tuneforge.kernels.gemm import choices as gemm_choices
+        from tuneforge.kernels.gemm.op import sample_for
 
         candidates = gemm_choices(Problem(m, n, k, dtype), space)
         specs += [1.0, 0.0, None]  # alpha, beta, bias: C = A @ B
+        sample = sample_for(Problem(m, n, k, dtype))
     elif device == "cpu":
         from tuneforge.kernels import matmul as family
 
         candidates = family.choices(dtype, space)
     started = time.perf_counter()
     with config.patch(autotune_verbose=True, autotune_force=force or config.get_bool("autotune.force")):
-        selection = select_detailed(op, candidates, specs, out=out, reference=reference)
+        selection = select_detailed(op, candidates, specs, out=out, reference=reference, sample=sample)
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
         from tuneforge.tune.report import format_table

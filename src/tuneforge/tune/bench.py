@@ -86,7 +86,7 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     done and the timed phase (runs, setups and flushes) has lasted `budget_s`, or at `max_repeats`
     runs, or once it has lasted `max_bench_s` with at least 2 runs (a 300 ms kernel needs no 5 runs).
     `first_ns`: the duration of a run the caller has just made (the checked run); from 50 ms on it
-    counts as the first timed run.
+    counts as the first timed run, and with `min_repeats` 1, from `max_bench_s` on it is the only one.
     With `abandon_ms`, a choice whose first two timed runs both exceed it stops there (method
     ``+abandoned``): it cannot win, and timing it fully would dominate tuning time for large shapes.
     The garbage collector is paused during the timed runs.
@@ -120,7 +120,9 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
         if first_ns is not None and first_ns >= _LONG_RUN_NS:
             samples_ns.append(first_ns)
             start_ns -= first_ns
-        while True:
+        # a checked run that alone lasted max_bench_s is enough where one run is asked for
+        enough = bool(samples_ns) and min_repeats <= 1 and samples_ns[0] >= long_ns
+        while not enough:
             if setup is not None:
                 setup()
             if flush_cache:

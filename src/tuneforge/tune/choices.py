@@ -94,6 +94,11 @@ class Choice(ABC):
         """Prepare the choice to run (compile it); the future fails with the build error."""
         return completed_future()
 
+    def sample_rows(self, rows: int, total: int) -> int:
+        """How many of the `total` rows this choice runs on when a selection asks for a sample of about `rows`
+        (tune/sample.py): a choice whose work comes in blocks rounds them to whole blocks."""
+        return rows
+
     @abstractmethod
     def run(self, args: Sequence[Any]) -> Any:
         """Call the choice once with the selection's arguments (after build)."""

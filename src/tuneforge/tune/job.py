@@ -17,7 +17,8 @@ from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.device import job_device, on_visible_gpu
 from tuneforge.tune.fingerprint import system_fingerprint
-from tuneforge.tune.specs import TensorSpec, example_input
+from tuneforge.tune.sample import RowSample
+from tuneforge.tune.specs import TensorSpec, example_input, zeroed
 
 if TYPE_CHECKING:
     from tuneforge.tune.bench import Timing
@@ -42,6 +43,7 @@ class TrialJob:
     poison_outputs: bool = True
     inputs_text: str = ""
     live_args: list[Any] | None = None
+    sample: RowSample | None = None  # rank the choices on a sample of the problem (sample.py)
     # "cpu" or "cuda:N": where the trials run and how they are timed (see device.py). Derived from the
     # specs (or the live arguments) once, here, so arguments on two GPUs fail when the job is made.
     device: str = field(init=False, default="cpu", compare=False)
@@ -66,8 +68,9 @@ class TrialJob:
         seed = config.get_int("autotune.seed")
         args = [example_input(s, seed=seed + i, generator=self.generators.get(i)) if isinstance(s, TensorSpec)
                 else s for i, s in enumerate(self.arg_specs)]
-        if self.out_spec is not None:
-            args.append(example_input(self.out_spec, seed=seed + len(args)))
+        if self.out_spec is not None:  # poisoned before any run (trials.py): its values would be thrown away
+            args.append(zeroed(self.out_spec) if self.poison_outputs else
+                        example_input(self.out_spec, seed=seed + len(args)))
         return args
 
 

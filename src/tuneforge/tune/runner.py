@@ -314,8 +314,9 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                     case ChoiceResult(index=index, record=result):
                         on_record(result)
                         progress.current, progress.resume_at = None, index + 1
-                    case ChoiceConfirmed(record=result):  # a near tie re-timed: replaces an earlier record
+                    case ChoiceConfirmed(record=result):  # re-timed (a near tie, the whole problem): replaces
                         on_record(result)
+                        progress.current = None
                     case TrialsDone(verify_s=verified, bench_s=benched):
                         verify_s += verified
                         bench_s += benched
@@ -387,4 +388,4 @@ def _after_failure(job: TrialJob, remaining: list[Choice], progress: _Progress, 
     choice = remaining[progress.current]
     log.warning("%s: %s (%s)", choice.name, status, reason)
     on_record(make_record(job, choice, status, error=reason))
-    return remaining[progress.current + 1:]
+    return remaining[max(progress.current + 1, progress.resume_at or 0):]  # a choice confirmed late: all ran

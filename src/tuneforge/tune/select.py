@@ -32,6 +32,7 @@ from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
+from tuneforge.tune.sample import SAMPLED, RowSample
 from tuneforge.tune.specs import TensorSpec, key_of
 
 if TYPE_CHECKING:
@@ -92,10 +93,12 @@ def _sizes(value: Any) -> str:
 
 
 def _pick(candidates: Sequence[Choice], records: Mapping[str, Record], statistic: str) -> list[Choice]:
-    """Candidates with an ok record, fastest first (ties: list order)."""
-    timed = [(records[c.hash_key].time(statistic), i, c) for i, c in enumerate(candidates)
-             if c.hash_key in records and records[c.hash_key].status == "ok"]
-    return [c for t, _, c in sorted((t, i, c) for t, i, c in timed if t is not None)]
+    """Candidates with an ok record, fastest first (ties: list order); those timed on a sample of the problem
+    only come after every choice timed on the whole of it (sample.py: a finished selection's fastest always was;
+    a worker that died confirming one leaves the others unconfirmed)."""
+    timed = [(SAMPLED in records[c.hash_key].method, records[c.hash_key].time(statistic), i, c)
+             for i, c in enumerate(candidates) if c.hash_key in records and records[c.hash_key].status == "ok"]
+    return [c for _, t, _, c in sorted((s, t, i, c) for s, t, i, c in timed if t is not None)]
 
 
 def _ready(choice: Choice) -> Choice:
@@ -111,15 +114,15 @@ def _rows(candidates: Sequence[Choice], records: Mapping[str, Record], statistic
     for c in candidates:
         r = records.get(c.hash_key)
         if r is not None:
-            rows.append(Row(c.name, r.status, r.time(statistic), c.info, r.error,
-                                      measured=c.hash_key in measured))
+            info = f"{c.info} (estimated on a sample)".lstrip() if SAMPLED in r.method else c.info
+            rows.append(Row(c.name, r.status, r.time(statistic), info, r.error, measured=c.hash_key in measured))
     return rows
 
 
 def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
            reference: Choice | Callable[..., Any] | None = None,
            generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
-           atol: float | None = None, accumulate: bool = False) -> Choice:
+           atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None) -> Choice:
     """Return the fastest valid choice for inputs shaped like `inputs`; call it as ``choice(*inputs, out)``.
 
     `inputs` are arrays (only their specs are used: benchmarking runs on generated example inputs,
@@ -127,15 +130,17 @@ def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: 
     reference's result layout). `reference` is the choice whose output is taken as correct (default:
     the first ExternChoice). `generators` maps an input index to ``fn(spec, rng)`` for inputs that
     must hold valid values (indices). With `accumulate`, the output's initial contents matter (``C +=``).
+    With `sample` (a RowSample), choices are checked and timed on the first rows of the arguments it names,
+    and the fastest on the whole problem (see tune/sample.py): for problems whose every run is long.
     """
     return select_detailed(name, choices, inputs, out=out, reference=reference, generators=generators,
-                           rtol=rtol, atol=atol, accumulate=accumulate).choice
+                           rtol=rtol, atol=atol, accumulate=accumulate, sample=sample).choice
 
 
 def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
                     reference: Choice | Callable[..., Any] | None = None,
                     generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
-                    atol: float | None = None, accumulate: bool = False) -> Selection:
+                    atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None) -> Selection:
     """select(), returning the whole decision (key, source, records, what was benchmarked)."""
     candidates = dedupe(list(choices))
     if not candidates:
@@ -163,7 +168,7 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
     def workload() -> TrialJob:
         return TrialJob(name=name, key=key, outputs=[len(arg_specs)], arg_specs=list(arg_specs), out_spec=out_spec,
                         generators=dict(generators or {}), rtol=rtol, atol=atol, poison_outputs=not accumulate,
-                        inputs_text=", ".join(described))
+                        inputs_text=", ".join(described), sample=sample)
 
     return decide(name, key, candidates, ref, workload, sizes=sizes, described=described)
 

@@ -361,6 +361,19 @@ def example_input(spec: TensorSpec, *, seed: int = 0, generator: InputGenerator 
     return _example(spec, seed, generator, None)
 
 
+def zeroed(spec: TensorSpec) -> Any:
+    """Zeros with exactly the spec's sizes, strides and offset: an output buffer whose contents will be replaced
+    (drawing random values for it cost a third of making a large GEMM's arguments)."""
+    spec = TensorSpec.of(spec)
+    if spec.framework == "torch":
+        torch = _torch()
+        device = torch.device(spec.device) if spec.device_index is None else torch.device(spec.device,
+                                                                                           spec.device_index)
+        storage = torch.zeros(spec.storage_size, dtype=getattr(torch, spec.dtype), device=device)
+        return torch.as_strided(storage, spec.sizes, spec.strides, spec.offset)
+    return _numpy_view(spec, np.zeros(spec.storage_size, dtype=np.dtype(spec.dtype)))
+
+
 def _example(spec: TensorSpec, seed: int, generator: InputGenerator | None, index: int | None) -> Any:
     spec = TensorSpec.of(spec)
     if spec.framework == "torch":

@@ -77,7 +77,8 @@ class KernelTemplate:
     def __init__(self, name: str, source: str, *, signature: str, language: str = "cpp",
                  launcher: Launcher | None = None, hooks: Mapping[str, Hook] | None = None,
                  runtime_params: Iterable[str] = (), flags: Sequence[str] = (), openmp: bool = False,
-                 include_dirs: Sequence[str] = (), describe: Callable[[dict[str, Any]], str] | None = None) -> None:
+                 include_dirs: Sequence[str] = (), describe: Callable[[dict[str, Any]], str] | None = None,
+                 sample_rows: Callable[[dict[str, Any], int, int], int] | None = None) -> None:
         if language not in ("cpp", "python"):
             raise TemplateError(f"template {name!r}: language must be 'cpp' or 'python', not {language!r}")
         with _registry_lock:
@@ -97,6 +98,9 @@ class KernelTemplate:
         self.openmp = openmp
         self.include_dirs = tuple(include_dirs)
         self.describe = describe  # the info column of reports; default: every parameter
+        # (config, rows, total) -> the rows a configuration runs on when a selection samples the problem
+        # (Choice.sample_rows); default: as asked
+        self.sample_rows = sample_rows
         # What identifies this template's code: choices are keyed by it plus their configuration, so
         # naming a choice never needs Jinja2 or a render (a warm start renders nothing).
         self.identity = hashlib.sha256(json.dumps([
@@ -242,6 +246,11 @@ class TemplateChoice(ConfiguredChoice):
         if self.template.describe is not None:
             return self.template.describe(self.config)
         return super().info
+
+    def sample_rows(self, rows: int, total: int) -> int:
+        if self.template.sample_rows is not None:
+            return self.template.sample_rows(self.config, rows, total)
+        return rows
 
     def __getstate__(self) -> dict[str, Any]:
         # Only data crosses to a worker: it loads the artifact from the store by itself.

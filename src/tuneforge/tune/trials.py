@@ -44,6 +44,7 @@ from tuneforge.tune.events import (
     TrialsDone,
 )
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
+from tuneforge.tune.sample import SAMPLED, calibrated, scaled
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -62,7 +63,8 @@ class Trials:
 
     def __init__(self, job: TrialJob, args: list[Any]) -> None:
         self.job, self.args = job, args
-        self.original = verify.snapshot(args)
+        # live arguments are the caller's: they end as they began (generated ones are nobody's)
+        self.original = verify.snapshot(args) if job.live_args is not None else None
         if job.poison_outputs:
             for i in job.outputs:
                 verify.poison(args[i])
@@ -90,7 +92,7 @@ class Trials:
         try:
             reference.run(args)
             self.sync()
-            self.expected = verify.snapshot(args)
+            self.expected = verify.snapshot(args, self.job.outputs)  # only outputs are compared
         except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
             self.reference_error = error_text(exc)
             if is_sticky_cuda_error(self.reference_error):
@@ -102,11 +104,25 @@ class Trials:
             # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
             time.sleep(config.get_float("autotune.settle_s"))
 
-    def run(self, choice: Choice, budget_s: float | None = None) -> Record:
-        """Check `choice` against the reference, then time it (for `budget_s`; None: autotune.bench_time_s)."""
+    def problem(self, choice: Choice, whole: bool = False) -> tuple[list[Any], list[Any], list[Any] | None, float]:
+        """What `choice` runs on: (arguments, their initial state, the expected outputs, and the factor from its
+        times to the whole problem's): the job's sample as the choice rounds it (sample.py), or the whole."""
+        sample = self.job.sample
+        if sample is None or whole:
+            return self.args, self.initial, self.expected, 1.0
+        total = sample.total(self.args)
+        rows = min(total, max(1, choice.sample_rows(sample.rows, total)))
+        if rows >= total:
+            return self.args, self.initial, self.expected, 1.0
+        expected = None if self.expected is None else sample.cut(self.expected, rows)
+        return sample.cut(self.args, rows), sample.cut(self.initial, rows), expected, total / rows
+
+    def run(self, choice: Choice, budget_s: float | None = None, whole: bool = False) -> Record:
+        """Check `choice` against the reference, then time it (for `budget_s`; None: autotune.bench_time_s), on
+        the job's sample unless `whole`."""
         started = time.perf_counter()
         try:
-            record = self._run(choice, started, budget_s)
+            record = self._run(choice, started, budget_s, whole)
         except Exception as exc:
             if not is_sticky_cuda_error(error_text(exc)):
                 verify.restore(self.args, self.initial)
@@ -120,8 +136,8 @@ class Trials:
         verify.restore(self.args, self.initial)
         return record
 
-    def _run(self, choice: Choice, started: float, budget_s: float | None) -> Record:
-        args = self.args
+    def _run(self, choice: Choice, started: float, budget_s: float | None, whole: bool) -> Record:
+        args, initial, expected_outputs, factor = self.problem(choice, whole)
         try:
             run_started = time.perf_counter_ns()
             choice.run(args)
@@ -132,12 +148,12 @@ class Trials:
             tb = "".join(traceback.format_exception(exc)[-3:])
             return make_record(self.job, choice, "runtime_error", error=f"{error_text(exc)}\n{tb}")
         info: dict[str, Any] = {}
-        mutated = verify.changed(args, self.initial, self.inputs)
+        mutated = verify.changed(args, initial, self.inputs)
         if mutated:
             info["mutates_inputs"] = mutated
             log.warning("%s writes into its inputs %s; they are restored before every run", choice.name, mutated)
-        if self.expected is not None and choice is not self.reference:
-            expected = self.expected
+        if expected_outputs is not None and choice is not self.reference:
+            expected = expected_outputs
             problem = next((p for i in self.job.outputs if (p := verify.compare(
                 args[i], expected[i], rtol=self.job.rtol, atol=self.job.atol)) is not None), None)
             if problem is not None:
@@ -148,15 +164,19 @@ class Trials:
         restore = [*self.job.outputs, *mutated]
 
         def setup() -> None:
-            verify.restore(args, self.initial, restore)
+            verify.restore(args, initial, restore)
 
         ratio = config.get_float("autotune.abandon_ratio")
         abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
         try:
             if self.job.device == "cpu":
-                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True, abandon_ms=abandon,
-                                       first_ns=checked_ns, budget_s=budget_s,
-                                       min_repeats=SCREEN_REPEATS if budget_s is not None else None)
+                # a whole run's check is its first call at that size (larger buffers; maybe right after a library
+                # call, whose threads still spin): never a timing
+                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True,
+                                       abandon_ms=None if abandon is None else abandon / factor,
+                                       first_ns=None if whole else checked_ns,
+                                       budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
+                                       WHOLE_REPEATS if whole else SAMPLE_REPEATS if factor != 1.0 else None)
                 if budget_s is not None:
                     timing = dataclasses.replace(timing, method=timing.method + "+screened")
             else:
@@ -165,7 +185,7 @@ class Trials:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
             self.bench_s += time.perf_counter() - timed
-        return self._timed(choice, timing, info)
+        return self._timed(choice, scaled(timing, factor) if factor != 1.0 else timing, info)
 
     def _timed(self, choice: Choice, timing: Timing, info: dict[str, Any]) -> Record:
         """The record of a timed choice; its median counts towards the best so far (for abandoning)."""
@@ -176,10 +196,11 @@ class Trials:
     def retime(self, choice: Choice, screened: Record) -> Record:
         """Time a screened contender again with the full budget (its output was checked when screened)."""
         restore = [*self.job.outputs, *screened.info.get("mutates_inputs", [])]
-        args = self.args
+        args, initial, _, factor = self.problem(choice)  # where it was screened
         started = time.perf_counter()
         try:
-            timing = benchmark_cpu(lambda: choice.run(args), setup=lambda: verify.restore(args, self.initial, restore))
+            timing = benchmark_cpu(lambda: choice.run(args), setup=lambda: verify.restore(args, initial, restore))
+            timing = scaled(timing, factor) if factor != 1.0 else timing
         except Exception as exc:  # it ran when screened: keep those figures
             log.warning("%s: timing %s again failed (%s); keeping its first timing", self.job.name, choice.name, exc)
             return screened
@@ -192,7 +213,9 @@ class Trials:
         """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
         if self.job.device != "cpu":  # side by side on the host's clock would time the launches only
             return []
-        tie = near_tie([(choice, record) for _, choice, record in results], config.get_str("autotune.statistic"))
+        # a choice timed on a sample only was never checked on the whole problem: it must not win here
+        tie = near_tie([(choice, record) for _, choice, record in results if SAMPLED not in record.method],
+                       config.get_str("autotune.statistic"))
         if not tie:
             return []
         index = {id(choice): i for i, choice, _ in results}
@@ -215,8 +238,9 @@ class Trials:
                 for (choice, record), timing in zip(tie, timings, strict=True)]
 
     def finish(self) -> None:
-        if self.lost is None:  # on a broken CUDA context every copy fails: nothing can be restored
-            verify.restore(self.args, self.original)  # live arguments end as they began
+        # on a broken CUDA context every copy fails: nothing can be restored
+        if self.lost is None and self.original is not None:
+            verify.restore(self.args, self.original)
 
     def context_lost(self, culprit: str, resume_at: int, total: int) -> DeviceContextLost:
         assert self.lost is not None
@@ -245,6 +269,12 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
         trials.finish()
     emit(TrialsDone(trials.verify_s, trials.bench_s))
 
+
+# A sampled job's problem is large (sample.py): its samples' runs last tens of milliseconds and vary little, so
+# 3 make a timing; on the whole problem only the fastest is run, to check it and time it (once, when a run lasts
+# autotune.bench_time_s).
+SAMPLE_REPEATS, WHOLE_REPEATS = 3, 1
+CALIBRATION_MAX = 1.25  # estimates are scaled by at most this much either way (_settle_sampled)
 
 # Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices on the CPU, each is first timed for
 # SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. The GEMV
@@ -288,5 +318,42 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
             if record is not screened:
                 emit(ChoiceConfirmed(i, record))
                 results[pos] = (i, choice, record)
+    _settle_sampled(trials, results, emit)
     for i, record in trials.confirm(results):
         emit(ChoiceConfirmed(i, record))
+
+
+def _settle_sampled(trials: Trials, results: list[tuple[int, Choice, Record]], emit: Callable[[Event], None]) -> None:
+    """Until the fastest choice was checked and timed on the whole problem, not on a sample only: do so.
+
+    Samples are biased (a kernel that packs all of A's rows at once keeps more of them in cache on a sample;
+    a library call's fixed costs weigh more), so each comparison scales the estimates by how the whole runs so far
+    compared with their own estimates, and the estimates left are recorded so scaled: no record of a sample
+    then looks faster than the pick.
+    """
+    statistic = config.get_str("autotune.statistic")
+    ratios: list[float] = []  # each whole run's time over its own sample's estimate
+    while True:
+        # bounded: one choice's odd sample (a cache effect, a fixed cost) must not rank all the others
+        calibration = min(CALIBRATION_MAX, max(1 / CALIBRATION_MAX, sum(ratios) / len(ratios))) if ratios else 1.0
+        timed = [(t * (calibration if SAMPLED in record.method else 1.0), pos)
+                 for pos, (_, _, record) in enumerate(results)
+                 if record.status == "ok" and (t := record.time(statistic)) is not None]
+        if not timed:
+            return
+        pos = min(timed)[1]
+        i, choice, estimated = results[pos]
+        if SAMPLED not in estimated.method:
+            break
+        emit(ChoiceStarted(i))  # a crash now is this choice's
+        whole = trials.run(choice, whole=True)
+        emit(ChoiceConfirmed(i, whole))
+        results[pos] = (i, choice, whole)
+        if trials.lost is not None:
+            raise trials.context_lost(choice.name, len(results), len(results))
+        if whole.status == "ok" and (after := whole.time(statistic)) and (before := estimated.time(statistic)):
+            ratios.append(after / before)
+    for pos, (i, choice, record) in enumerate(results):
+        if record.status == "ok" and SAMPLED in record.method and calibration != 1.0:
+            results[pos] = (i, choice, calibrated(record, calibration))
+            emit(ChoiceConfirmed(i, results[pos][2]))

@@ -22,6 +22,7 @@ from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaus
 from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, runtime_args, static_args
 from tuneforge.store.default import default_records
 from tuneforge.tune.choices import Choice, ExternChoice
+from tuneforge.tune.sample import RowSample
 from tuneforge.tune.select import select, selection_key
 from tuneforge.tune.template import TemplateChoice
 
@@ -258,7 +259,7 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
         inputs = [a_t, b_t, 1.0, beta, bias_t]
         # torch's candidate makes another selection: a decision without it must not answer for it
         name = op_name(beta, bias) + ("_torch" if library == "torch" else "")
-        winner = select(name, candidates, inputs, out=out_t, accumulate=beta != 0)
+        winner = select(name, candidates, inputs, out=out_t, accumulate=beta != 0, sample=sample_for(problem))
         prepared = _prepare(winner, a_t, b_t, out_t)
         if prepared.kind == dispatch.KERNEL:
             ratio = _library_ratio(name, [*inputs, out_t], candidates, winner)
@@ -270,6 +271,21 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
         if dispatch.loaded() is not None and library == "numpy":
             _register(key, prepared, a, b, out, beta, bias, space)
         return prepared
+
+
+# From about 2 x 1536^3 flops (a run of 30 ms or more on 2 cores) the configurations are ranked on the first rows
+# of A and C (tune/sample.py; each configuration rounds them to whole M blocks, template.sample_rows), an eighth
+# of M or SAMPLE_ROWS if more, and only the fastest runs on the whole problem: cold tuning of 2048^3-4096^3 took
+# 5-22 s timing every configuration on the whole of it.
+SAMPLE_FLOPS = 2 * 1536**3
+SAMPLE_ROWS = 256
+
+
+def sample_for(problem: Problem) -> RowSample | None:
+    """How a selection for `problem` samples it: the rows of A (argument 0) and of the output (5), or None."""
+    if problem.flops < SAMPLE_FLOPS or problem.m < 2 * SAMPLE_ROWS:
+        return None
+    return RowSample(args=(0, 5), rows=max(SAMPLE_ROWS, problem.m // 8))
 
 
 def _library_ratio(name: str, args: list[Any], candidates: list[Choice], winner: Choice) -> float:

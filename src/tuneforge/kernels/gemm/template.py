@@ -44,6 +44,16 @@ def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
     kernel(*static_args(a, b, out, config), float(alpha), float(beta), a, b, out, bias)
 
 
+def sample_rows(config: Mapping[str, Any], rows: int, total: int) -> int:
+    """The rows a configuration runs on when a selection samples the problem (tune/sample.py): whole M blocks,
+    as many for each thread where the threads split M (par 0), so that the sample runs every block, and shares
+    them between the threads, as the whole problem does. The few-rows kernel (M <= 32) runs the whole."""
+    if "MMAX" in config:
+        return total
+    unit = int(config["MC"]) * (1 if config["par"] else int(config["threads"]))
+    return min(total, -(-rows // unit) * unit)
+
+
 _HERE = Path(__file__).parent
 # The kernels' own thread pool (pool.h: why not OpenMP), pasted in so that each kernel is one source file.
 _POOL = (_HERE / "pool.h").read_text()
@@ -56,10 +66,10 @@ def _source(template: str) -> str:
 TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
                           runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast", "-pthread"), openmp=False,
-                          describe=describe)
+                          describe=describe, sample_rows=sample_rows)
 
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
 SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
                          runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast", "-pthread"), openmp=False,
-                         describe=describe)
+                         describe=describe, sample_rows=sample_rows)

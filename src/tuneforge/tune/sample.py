@@ -1,0 +1,68 @@
+"""Ranking choices on a sample of the problem: the first rows of some arguments.
+
+Why: a large problem's run is long (a 4096^3 GEMM takes 0.4-0.8 s on 2 cores), and verifying and timing a
+handful of configurations a few times each on the whole of it made cold tuning take 5-22 s. Cut to its first
+rows, the same problem runs each configuration's blocks as the whole would (its cache blocking and its thread
+split are set for the whole problem, and a choice rounds the rows to whole blocks, `Choice.sample_rows`), so
+choices are checked and ranked there, their times scaled to the whole. No decision rests on a sample: the
+fastest is then checked and timed on the whole problem, and so is any choice whose estimate beats that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a selection answered from records reads SAMPLED without loading the benchmarking code
+    from tuneforge.store.records import Record
+    from tuneforge.tune.bench import Timing
+
+SAMPLED = "+sample"  # in a record's method: timed on a sample, scaled to the whole problem
+CALIBRATED = "+calibrated"  # ... then scaled by how whole runs of other choices compared with their samples
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """Cut the arguments at positions `args` (the output's position included: the inputs come first, then the
+    output) to their first `rows` rows; those arguments must be arrays of the same number of rows."""
+
+    args: tuple[int, ...]
+    rows: int
+
+    def __post_init__(self) -> None:
+        if not self.args:
+            raise ValueError("RowSample: args names no argument to cut")
+        if self.rows < 1:
+            raise ValueError(f"RowSample: rows must be at least 1, not {self.rows}")
+
+    def total(self, args: Sequence[Any]) -> int:
+        """The rows of the whole problem (checked to agree between the arguments cut)."""
+        counts = {len(args[i]) for i in self.args}
+        if len(counts) != 1:
+            raise ValueError(f"RowSample: the arguments {list(self.args)} differ in rows ({sorted(counts)})")
+        return counts.pop()
+
+    def cut(self, values: Sequence[Any], rows: int) -> list[Any]:
+        """`values` (arguments or snapshots of them, None where nothing was kept) with the sampled positions cut to
+        their first `rows` rows: views, so writing into them writes into the whole."""
+        return [v[:rows] if i in self.args and v is not None else v for i, v in enumerate(values)]
+
+
+def scaled(timing: Timing, factor: float) -> Timing:
+    """A sample's timing as an estimate for the whole problem."""
+    return dataclasses.replace(timing, median_ms=timing.median_ms * factor, min_ms=timing.min_ms * factor,
+                               mean_ms=timing.mean_ms * factor, p20_ms=timing.p20_ms * factor,
+                               p80_ms=timing.p80_ms * factor, max_ms=timing.max_ms * factor,
+                               method=timing.method + SAMPLED)
+
+
+def calibrated(record: Record, factor: float) -> Record:
+    """A sample's record scaled by `factor`: whole runs of other choices took that many times their estimates."""
+    def times(value: float | None) -> float | None:
+        return None if value is None else value * factor
+
+    return dataclasses.replace(record, median_ms=times(record.median_ms), min_ms=times(record.min_ms),
+                               mean_ms=times(record.mean_ms), p20_ms=times(record.p20_ms),
+                               p80_ms=times(record.p80_ms), method=record.method + CALIBRATED)

@@ -1,0 +1,147 @@
+"""Ranking choices on a sample of the problem (tune/sample.py): the first rows of some arguments, each choice
+rounding them to its own blocks; no decision rests on a sample: the pick is always checked and timed on the whole
+problem, and no record of a sample looks faster than it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tuneforge
+from tuneforge import config
+from tuneforge.kernels.gemm import op
+from tuneforge.kernels.gemm.space import Problem
+from tuneforge.kernels.gemm.template import sample_rows
+from tuneforge.store.default import default_records
+from tuneforge.tune.bench import Timing
+from tuneforge.tune.choices import ExternChoice
+from tuneforge.tune.sample import SAMPLED, RowSample, scaled
+from tuneforge.tune.select import clear_memo, select_detailed
+
+ROWS, SAMPLE = 128, 16
+rows_seen: dict[str, list[int]] = {}
+
+
+@pytest.fixture
+def tuning(cache_dir: Path) -> Iterator[Path]:
+    clear_memo()
+    rows_seen.clear()
+    with config.patch(autotune_bench_time_s=0.005, autotune_warmup_s=0.0, autotune_min_repeats=3,
+                      autotune_settle_s=0.0):
+        yield cache_dir
+    clear_memo()
+
+
+def _seen(name: str, x: np.ndarray) -> None:
+    rows_seen.setdefault(name, []).append(len(x))
+
+
+def copy(x: np.ndarray, out: np.ndarray) -> None:  # the reference: 2 ms on the whole, in proportion to the rows
+    _seen("copy", x)
+    time.sleep(0.002 * len(x) / ROWS)
+    np.copyto(out, x)
+
+
+def right_on_samples_only(x: np.ndarray, out: np.ndarray) -> None:  # the fastest, and wrong past row 64
+    _seen("right_on_samples_only", x)
+    np.copyto(out, x)
+    out[64:] = 0
+
+
+def slow_on_the_whole(x: np.ndarray, out: np.ndarray) -> None:  # 0.1 ms on a sample: 20 ms on the whole
+    _seen("slow_on_the_whole", x)
+    time.sleep(0.02 if len(x) > 64 else 0.0001)
+    np.copyto(out, x)
+
+
+class InBlocksOf48(ExternChoice):
+    def sample_rows(self, rows: int, total: int) -> int:
+        return min(total, -(-rows // 48) * 48)
+
+
+def blocked_copy(x: np.ndarray, out: np.ndarray) -> None:  # 4 ms on the whole, whatever it gets
+    _seen("blocked_copy", x)
+    time.sleep(0.004 * len(x) / ROWS)
+    np.copyto(out, x)
+
+
+def test_the_pick_is_checked_and_timed_on_the_whole_problem(tuning: Path) -> None:
+    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
+    choices = [ExternChoice(copy), ExternChoice(right_on_samples_only), ExternChoice(slow_on_the_whole),
+               InBlocksOf48(blocked_copy)]
+    selection = select_detailed("rows", choices, [x], out=np.empty_like(x), sample=RowSample(args=(0, 1), rows=SAMPLE))
+    assert selection.choice.name == "copy"
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert records["right_on_samples_only"].status == "wrong_result"  # right on every sample, wrong on the whole
+    assert SAMPLED not in records["copy"].method and records["copy"].median_ms < 3.5
+    assert SAMPLED not in records["slow_on_the_whole"].method  # its estimate was the best: it ran on the whole
+    assert records["slow_on_the_whole"].median_ms > 15
+    assert SAMPLED in records["blocked_copy"].method  # never the fastest: an estimate only, ranked after the pick
+    assert records["blocked_copy"].median_ms > records["copy"].median_ms
+    assert set(rows_seen["blocked_copy"]) == {48}  # rounded by the choice to its blocks
+    assert SAMPLE in rows_seen["copy"] and ROWS in rows_seen["copy"]  # the whole: the reference, then the pick
+    ok = [r.median_ms for r in records.values() if r.status == "ok"]
+    assert min(ok) == records["copy"].median_ms
+
+
+def test_a_selection_without_a_sample_runs_everything_whole(tuning: Path) -> None:
+    x = np.ones((ROWS, 8))
+    selection = select_detailed("rows", [ExternChoice(copy), ExternChoice(slow_on_the_whole)], [x],
+                                out=np.empty_like(x))
+    assert {r for rows in rows_seen.values() for r in rows} == {ROWS}
+    assert all(SAMPLED not in r.method for r in default_records().get(selection.key))
+
+
+def test_row_sample_contract() -> None:
+    with pytest.raises(ValueError, match="rows must be at least 1"):
+        RowSample(args=(0,), rows=0)
+    with pytest.raises(ValueError, match="names no argument"):
+        RowSample(args=(), rows=4)
+    sample = RowSample(args=(0, 2), rows=3)
+    a, b, out = np.arange(20).reshape(10, 2), np.ones(4), np.zeros((10, 2))
+    assert sample.total([a, b, out]) == 10
+    with pytest.raises(ValueError, match="differ in rows"):
+        sample.total([a, b, np.zeros((9, 2))])
+    cut = sample.cut([a, b, out], 3)
+    assert cut[0].shape == (3, 2) and cut[1] is b and cut[2].shape == (3, 2)
+    cut[2][:] = 7  # a view: writing into the sample writes into the whole
+    assert (out[:3] == 7).all() and (out[3:] == 0).all()
+    assert sample.cut([None, b, out], 3)[0] is None  # nothing kept there (a snapshot of outputs only)
+    timing = scaled(Timing(1.0, 0.5, 1.0, 0.8, 1.2, 2.0, 5, "cpu-perf_counter"), 4.0)
+    assert (timing.median_ms, timing.min_ms, timing.max_ms, timing.count) == (4.0, 2.0, 8.0, 5)
+    assert timing.method == "cpu-perf_counter" + SAMPLED
+
+
+def test_gemm_configurations_sample_whole_blocks() -> None:
+    config_ = {"MC": 100, "threads": 2, "par": 0}
+    assert sample_rows(config_, 150, 1000) == 200  # one M block for each thread
+    assert sample_rows(config_, 250, 1000) == 400
+    assert sample_rows({**config_, "par": 1}, 150, 1000) == 200  # threads split N: whole M blocks only
+    assert sample_rows(config_, 900, 1000) == 1000  # never more than the whole
+    assert sample_rows({"MMAX": 8, "MC": 0, "threads": 2, "par": 0}, 4, 8) == 8  # the few-rows kernel: whole
+
+
+def test_gemm_samples_large_problems_only() -> None:
+    assert op.sample_for(Problem(1024, 1024, 1024, "float32")) is None
+    sample = op.sample_for(Problem(2048, 2048, 2048, "float32"))
+    assert sample is not None and sample.args == (0, 5) and sample.rows == 256
+    assert op.sample_for(Problem(8192, 2048, 2048, "float64")).rows == 1024  # type: ignore[union-attr]
+    assert op.sample_for(Problem(300, 8192, 8192, "float32")) is None  # too few rows to cut
+
+
+def test_sampled_gemm_tuning_is_right_and_picks_a_whole_timing(tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(op, "SAMPLE_FLOPS", 0)
+    monkeypatch.setattr(op, "SAMPLE_ROWS", 32)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((256, 96)), rng.standard_normal((96, 80))
+    out = tuneforge.gemm(a, b)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-10, atol=1e-10)
+    records = default_records().records("gemm")
+    assert any(SAMPLED in r.method for r in records), [r.method for r in records]
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.median_ms)
+    assert ok and SAMPLED not in ok[0].method  # the fastest record, the pick's, was timed on the whole
+
