@@ -40,9 +40,9 @@ def _seen(name: str, x: np.ndarray) -> None:
     rows_seen.setdefault(name, []).append(len(x))
 
 
-def copy(x: np.ndarray, out: np.ndarray) -> None:  # the reference: 2 ms on the whole, in proportion to the rows
+def copy(x: np.ndarray, out: np.ndarray) -> None:  # the reference: 4 ms on the whole, in proportion to the rows
     _seen("copy", x)
-    time.sleep(0.002 * len(x) / ROWS)
+    time.sleep(0.004 * len(x) / ROWS)
     np.copyto(out, x)
 
 
@@ -52,40 +52,71 @@ def right_on_samples_only(x: np.ndarray, out: np.ndarray) -> None:  # the fastes
     out[64:] = 0
 
 
-def slow_on_the_whole(x: np.ndarray, out: np.ndarray) -> None:  # 0.1 ms on a sample: 20 ms on the whole
+def slow_on_the_whole(x: np.ndarray, out: np.ndarray) -> None:  # 0.1 ms on a sample: 40 ms on the whole
     _seen("slow_on_the_whole", x)
-    time.sleep(0.02 if len(x) > 64 else 0.0001)
+    time.sleep(0.04 if len(x) > 64 else 0.0001)
     np.copyto(out, x)
 
 
-class InBlocksOf48(ExternChoice):
+class Sampled(ExternChoice):  # a library call runs whole unless it says its cost per row holds on a sample
+    def sample_rows(self, rows: int, total: int) -> int:
+        return rows
+
+
+class InBlocksOf48(Sampled):
     def sample_rows(self, rows: int, total: int) -> int:
         return min(total, -(-rows // 48) * 48)
 
 
-def blocked_copy(x: np.ndarray, out: np.ndarray) -> None:  # 4 ms on the whole, whatever it gets
+def blocked_copy(x: np.ndarray, out: np.ndarray) -> None:  # 8 ms on the whole, in proportion to the rows
     _seen("blocked_copy", x)
-    time.sleep(0.004 * len(x) / ROWS)
+    time.sleep(0.008 * len(x) / ROWS)
+    np.copyto(out, x)
+
+
+def whole_copy(x: np.ndarray, out: np.ndarray) -> None:  # 8 ms: not sampled, it never says it can be
+    _seen("whole_copy", x)
+    time.sleep(0.008)
     np.copyto(out, x)
 
 
 def test_the_pick_is_checked_and_timed_on_the_whole_problem(tuning: Path) -> None:
     x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
-    choices = [ExternChoice(copy), ExternChoice(right_on_samples_only), ExternChoice(slow_on_the_whole),
-               InBlocksOf48(blocked_copy)]
+    choices = [Sampled(copy), Sampled(right_on_samples_only), Sampled(slow_on_the_whole), InBlocksOf48(blocked_copy),
+               ExternChoice(whole_copy)]
     selection = select_detailed("rows", choices, [x], out=np.empty_like(x), sample=RowSample(args=(0, 1), rows=SAMPLE))
     assert selection.choice.name == "copy"
     records = {r.choice_name: r for r in default_records().get(selection.key)}
     assert records["right_on_samples_only"].status == "wrong_result"  # right on every sample, wrong on the whole
-    assert SAMPLED not in records["copy"].method and records["copy"].median_ms < 3.5
+    assert SAMPLED not in records["copy"].method and records["copy"].median_ms < 7
     assert SAMPLED not in records["slow_on_the_whole"].method  # its estimate was the best: it ran on the whole
-    assert records["slow_on_the_whole"].median_ms > 15
+    assert records["slow_on_the_whole"].median_ms > 30
     assert SAMPLED in records["blocked_copy"].method  # never the fastest: an estimate only, ranked after the pick
     assert records["blocked_copy"].median_ms > records["copy"].median_ms
     assert set(rows_seen["blocked_copy"]) == {48}  # rounded by the choice to its blocks
     assert SAMPLE in rows_seen["copy"] and ROWS in rows_seen["copy"]  # the whole: the reference, then the pick
+    assert set(rows_seen["whole_copy"]) == {ROWS} and SAMPLED not in records["whole_copy"].method
     ok = [r.median_ms for r in records.values() if r.status == "ok"]
     assert min(ok) == records["copy"].median_ms
+
+
+def paced_copy(x: np.ndarray, out: np.ndarray, *, ms: float) -> None:  # `ms` on the whole, in proportion
+    _seen("paced_copy", x)
+    time.sleep(ms / 1000 * len(x) / ROWS)
+    np.copyto(out, x)
+
+
+def test_screened_contenders_are_timed_again_on_their_samples(tuning: Path) -> None:
+    """More than 8 choices: each is screened on its sample, the contenders timed again there, the fastest on the
+    whole; the arguments are restored whole between choices."""
+    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
+    choices = [Sampled(paced_copy, name=f"paced_{i}", ms=4.0 + 0.2 * i) for i in range(9)]
+    selection = select_detailed("rows", choices, [x], out=np.empty_like(x), sample=RowSample(args=(0, 1), rows=SAMPLE))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert len(records) == 9 and all(r.status == "ok" for r in records.values())
+    assert any("+screened" not in r.method and SAMPLED in r.method for r in records.values())  # timed again
+    assert SAMPLED not in records[selection.choice.name].method
+    assert selection.choice.name in ("paced_0", "paced_1", "paced_2")
 
 
 def test_a_selection_without_a_sample_runs_everything_whole(tuning: Path) -> None:
@@ -94,6 +125,17 @@ def test_a_selection_without_a_sample_runs_everything_whole(tuning: Path) -> Non
                                 out=np.empty_like(x))
     assert {r for rows in rows_seen.values() for r in rows} == {ROWS}
     assert all(SAMPLED not in r.method for r in default_records().get(selection.key))
+
+
+def test_the_reference_run_is_the_references_check(tuning: Path) -> None:
+    """A large problem's run can take a second: the reference, whose run made the expected outputs, is not run
+    again to be checked; its timed runs follow."""
+    x = np.ones((ROWS, 8))
+    selection = select_detailed("rows", [ExternChoice(copy), ExternChoice(slow_on_the_whole)], [x],
+                                out=np.empty_like(x))
+    timed = {r.choice_name: r.count for r in default_records().get(selection.key)}
+    assert len(rows_seen["copy"]) == 1 + timed["copy"]  # the reference run, then the timed runs
+    assert len(rows_seen["slow_on_the_whole"]) == 1 + timed["slow_on_the_whole"]  # its check, then the timed runs
 
 
 def test_row_sample_contract() -> None:
@@ -137,7 +179,8 @@ def test_sampled_gemm_tuning_is_right_and_picks_a_whole_timing(tuning: Path, mon
     monkeypatch.setattr(op, "SAMPLE_FLOPS", 0)
     monkeypatch.setattr(op, "SAMPLE_ROWS", 32)
     rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((256, 96)), rng.standard_normal((96, 80))
+    # K deep enough for M blocks of a few hundred rows: a sample is a few blocks, not the whole
+    a, b = rng.standard_normal((1024, 512)), rng.standard_normal((512, 64))
     out = tuneforge.gemm(a, b)
     np.testing.assert_allclose(out, a @ b, rtol=1e-10, atol=1e-10)
     records = default_records().records("gemm")

@@ -96,8 +96,10 @@ class Choice(ABC):
 
     def sample_rows(self, rows: int, total: int) -> int:
         """How many of the `total` rows this choice runs on when a selection asks for a sample of about `rows`
-        (tune/sample.py): a choice whose work comes in blocks rounds them to whole blocks."""
-        return rows
+        (tune/sample.py). A choice whose cost per row is the same on a sample opts in (a GEMM configuration,
+        rounding to its M blocks); by default it runs the whole problem: a library call's fixed costs and own
+        blocking would make its sample's estimate unfair, and the reference's run is one of its runs anyway."""
+        return total
 
     @abstractmethod
     def run(self, args: Sequence[Any]) -> Any:

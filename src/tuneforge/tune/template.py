@@ -99,7 +99,7 @@ class KernelTemplate:
         self.include_dirs = tuple(include_dirs)
         self.describe = describe  # the info column of reports; default: every parameter
         # (config, rows, total) -> the rows a configuration runs on when a selection samples the problem
-        # (Choice.sample_rows); default: as asked
+        # (Choice.sample_rows); default: all of them
         self.sample_rows = sample_rows
         # What identifies this template's code: choices are keyed by it plus their configuration, so
         # naming a choice never needs Jinja2 or a render (a warm start renders nothing).
@@ -250,7 +250,7 @@ class TemplateChoice(ConfiguredChoice):
     def sample_rows(self, rows: int, total: int) -> int:
         if self.template.sample_rows is not None:
             return self.template.sample_rows(self.config, rows, total)
-        return rows
+        return total
 
     def __getstate__(self) -> dict[str, Any]:
         # Only data crosses to a worker: it loads the artifact from the store by itself.
