@@ -179,11 +179,12 @@ class Trials:
         abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
         try:
             if self.job.device == "cpu":
-                # a whole run's check is its first call at that size (larger buffers; maybe right after a library
-                # call, whose threads still spin): never a timing
+                # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
+                # max_bench_s, which such effects hardly change
+                counted = not whole or checked_ns >= config.get_float("autotune.max_bench_s") * 1e9
                 timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True,
                                        abandon_ms=None if abandon is None else abandon / factor,
-                                       first_ns=None if whole else checked_ns,
+                                       first_ns=checked_ns if counted else None,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
                                        WHOLE_REPEATS if whole else SAMPLE_REPEATS if factor != 1.0 else None)
                 if budget_s is not None:
@@ -355,6 +356,8 @@ def _settle_sampled(trials: Trials, results: list[tuple[int, Choice, Record]], e
         if SAMPLED not in estimated.method:
             break
         emit(ChoiceStarted(i))  # a crash now is this choice's
+        if not ratios and any(c.is_extern for _, c, _ in results):
+            time.sleep(config.get_float("autotune.settle_s"))  # library calls ran last: let their threads go idle
         whole = trials.run(choice, whole=True)
         emit(ChoiceConfirmed(i, whole))
         results[pos] = (i, choice, whole)
