@@ -31,7 +31,8 @@ import tuneforge
 from tuneforge.kernels.gemm import dispatch, op
 
 # The tuned choice is a two-thread kernel, and numpy counts as fast as it (its tuned time over the kernel's is 1),
-# so the first call made beside a running thread is handed over whatever this machine's timings.
+# so numpy takes the calls once the kernel has been tried beside the running threads, whatever this machine's
+# timings (the kernel then takes 1.5-2.5x its best, on all its threads or on the one left free).
 everything = op.choices
 op.choices = lambda problem, space="default", library="numpy": [
     c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
@@ -69,9 +70,19 @@ idle = fast.busy_threads()
 quiet = deferred_over(gemm, 100)
 side()
 after_numpy = fast.busy_threads()
-first = deferred_over(gemm, 1)
+first = deferred_over(gemm, 5)  # the kernel on both threads, then on one, then numpy
 then = deferred_over(gemm, 400)
 last = deferred_over(gemm, 200)
+import platform
+echo = fast.echo_ns()  # OpenBLAS's spin after a call: 1.1 x 2^28 counter ticks, whose rate is measured by now
+floor = int(2**28 / 1.5)  # counted at 1.5 GHz until then, and where there is no counter to read
+assert (echo != floor and 25e6 < echo < 600e6) if platform.machine() in ("x86_64", "AMD64") else echo == floor, echo
+learned = sorted(fast.handoff(), key=lambda e: e["best_ns"])  # the beta != 0 layout's, then the plain one's
+assert len(learned) == 2 and all(e["threads"] == 2 and e["m"] == 512 for e in learned), learned
+assert learned[0]["best_ns"] == learned[0]["library_ns"] == 0, learned  # never watched: no plain calls
+plain = learned[1]
+assert plain["best_ns"] > 0 and plain["library_ns"] > 0 and plain["window_ns"] == 0, learned
+assert plain["contended_ns"] > plain["best_ns"] and plain["fewer_ns"] > plain["best_ns"], learned  # both tried
 np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
 side()
 accumulated = deferred_over(lambda: tuneforge.gemm(a, b, c, beta=1.0), 1)
@@ -81,12 +92,13 @@ print(idle, quiet, after_numpy, first, then, last, accumulated)
 
 
 def test_running_threads_take_the_kernels_plain_calls(tmp_path: Path) -> None:
-    """With OpenBLAS's workers idle the kernel makes every call; right after a numpy call they are running and
-    numpy takes the next call; once numpy has been left alone for its workers' spin time they sleep and the kernel
-    makes the calls again. Results stay right, and a call numpy cannot make alone (beta != 0) is never handed over."""
+    """With OpenBLAS's workers idle the kernel makes every call; right after a numpy call they are running, and
+    once the kernel has been tried beside them (on both threads, then on the one left free) numpy takes the calls;
+    once numpy has been left alone for its workers' spin time they sleep and the kernel makes the calls again.
+    Results stay right, and a call numpy cannot make alone (beta != 0) is never handed over."""
     proc = run_python(_CHILD, env={"TUNEFORGE_CACHE_DIR": str(tmp_path)}, timeout=300)
     idle, quiet, after_numpy, first, then, last, accumulated = map(int, proc.stdout.split()[-7:])
     assert idle == 0 and quiet == 0, proc.stdout
-    assert after_numpy >= 1 and first == 1, proc.stdout
+    assert after_numpy >= 1 and 1 <= first <= 3, proc.stdout
     assert then > 0 and last == 0, proc.stdout
     assert accumulated == 0, proc.stdout

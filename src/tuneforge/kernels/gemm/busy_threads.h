@@ -139,21 +139,14 @@ inline int running_others(double* share = nullptr) {
     return running;
 }
 
-// Whether `threads` threads of a kernel would have to share CPUs with the running threads of this process
-// (`share` as running_others gives it).
-inline bool crowded(int64_t threads, double* share) {
-    const int others = running_others(share);
-    return others > 0 && others + threads > census().cpus;
-}
+// CPUs this process may run on (as of the last listing of its threads).
+inline int cpus() { return census().cpus; }
 #else
 inline int running_others(double* share = nullptr) {
     if (share != nullptr) *share = 0;
     return 0;
 }
-inline bool crowded(int64_t, double* share) {
-    *share = 0;
-    return false;
-}
+inline int cpus() { return 1; }
 #endif
 
 }  // namespace tfbusy
