@@ -14,6 +14,7 @@
 #include <vector>
 
 // @BUSY_THREADS@
+// @HANDOFF@
 
 namespace {
 
@@ -37,14 +38,7 @@ struct Entry {
     GemmKernel kernel;
     int64_t params[5];  // MC, KC, NC, threads, mode (template.runtime_args)
     PyObject* call;     // (alpha, beta, a, b, out, bias); owned
-    // A multi-threaded kernel's plain calls, to hand them to numpy.matmul while its threads would share cores
-    // (see plan): typical times and the window numpy has them for.
-    int64_t best_ns;        // the kernel's quickest call with no other thread of the process running
-    int64_t contended_ns;   // its typical call while one was (0: none seen yet)
-    int64_t fewer_ns;       // ... made then on the threads left free (0: none seen yet)
-    int64_t library_ns;     // numpy.matmul's typical call made in its place (0: none yet)
-    int64_t defer_until_ns, window_ns;
-    double library_ratio;   // numpy's tuned time over the kernel's (0: not known)
+    tfhandoff::Handoff handoff;  // a multi-threaded kernel's plain calls, handed to numpy while crowded
 };
 
 std::vector<Entry> table(64);  // open addressing, power-of-two size, at most half full
@@ -68,127 +62,16 @@ Entry* slot(const Key& key) {
         if (!table[i].used || memcmp(&table[i].key, &key, sizeof(Key)) == 0) return &table[i];
 }
 
-// A multi-threaded kernel's plain calls (alpha 1, beta 0, no bias) go to numpy.matmul while the kernel's helpers
-// would share cores with other running threads of this process and numpy would be the faster of the two then
-// (busy_threads.h: such a thread is usually an OpenBLAS worker spinning after a numpy call, so numpy runs at full
-// speed while the kernel takes up to twice its time). A hand-off lasts a window, WINDOW_MIN at first.
-// numpy's calls made here keep its workers spinning too, so when a window ends the kernel takes the calls again,
-// and running workers are only evidence once library_echo_ns has passed since the last call numpy took here: the
-// workers still running then are the program's own numpy work. The next window is 4x longer (at most WINDOW_MAX)
-// while that work goes on, WINDOW_MIN again after a pause; workers seen idle end the hand-offs. So a one-off
-// numpy call costs a window and an echo, and a program that interleaves numpy matmuls with the kernel's calls
-// has numpy make them but for an echo every WINDOW_MAX.
-const int64_t WINDOW_MIN = 100000000, WINDOW_MAX = 10000000000;
-const double SPELL_SHARE = 0.5;      // busy for this share of the time since the previous look: the spell goes on
-int64_t library_echo_ns = 0;         // how long OpenBLAS's workers spin after a call (start_echo, measure_echo)
-int64_t library_end_ns = 0;          // when the last call handed to numpy ended
-int64_t last_look_ns = 0;            // when plan last looked at the other threads
 uint64_t deferred_calls = 0;
-
-int64_t now_ns() { return tfbusy::now_ns(); }
-
-// OpenBLAS's workers spin 2^OPENBLAS_THREAD_TIMEOUT (4-30, default 28) time-stamp-counter ticks after a call. On
-// x86 the counter's rate is measured between init and a look at least 50 ms later (the echo is then 1.1x its
-// length: 2.5 GHz here, 0.12 s); until then, and elsewhere, it is counted at 1.5 GHz, a floor for the rate, so the
-// echo is never under-estimated (0.18 s) and a longer one only delays giving the kernel its calls back.
-int echo_exponent = 28;
-int64_t init_ns = 0;
-uint64_t init_ticks = 0;
-bool echo_measured = false;
-
-uint64_t ticks() {
-#if defined(__x86_64__) || defined(__i386__)
-    return __builtin_ia32_rdtsc();
-#else
-    return 0;
-#endif
-}
-
-void start_echo() {
-    if (const char* text = getenv("OPENBLAS_THREAD_TIMEOUT")) {
-        const int value = atoi(text);
-        if (value > 0) echo_exponent = value < 4 ? 4 : value > 30 ? 30 : value;
-    }
-    library_echo_ns = (int64_t)((double)(1LL << echo_exponent) / 1.5);
-    init_ns = now_ns();
-    init_ticks = ticks();
-}
-
-void measure_echo(int64_t now) {
-    if (echo_measured || init_ticks == 0 || now - init_ns < 50000000) return;
-    const uint64_t elapsed = ticks() - init_ticks;
-    const double per_ns = (double)elapsed / (double)(now - init_ns);
-    echo_measured = true;
-    if (per_ns > 0.5 && per_ns < 10)  // a plausible counter (0.5-10 GHz): else keep the floor
-        library_echo_ns = (int64_t)(1.1 * (double)(1LL << echo_exponent) / per_ns);
-}
-
-int64_t typical(int64_t before, int64_t took) { return before == 0 ? took : (3 * before + took) / 4; }
-
-// What a crowded call is expected to take made each way, from what has been seen of each; a way not tried yet is
-// expected to take the kernel's best time, so that each is tried once (numpy's is guessed from its tuned ratio).
-struct Expected {
-    double contended, fewer, library;
-};
-
-Expected expected(const Entry& e) {
-    const double best = (double)e.best_ns;
-    return {e.contended_ns ? (double)e.contended_ns : best, e.fewer_ns ? (double)e.fewer_ns : best,
-            e.library_ns ? (double)e.library_ns : (e.library_ratio > 0 ? e.library_ratio : 1.0) * best};
-}
 
 // Whether the kernel may run on fewer threads than it was tuned with and give the same result: not the few-rows
 // kernel (MC = KC = 0) splitting the depth (mode bit 1), whose partial sums are added per thread.
 bool may_use_fewer(const Entry& e) { return !(e.params[0] == 0 && e.params[1] == 0 && (e.params[4] & 1)); }
 
-enum Plan { QUIET, CONTENDED, FEWER, LIBRARY_TAKES };
-
-// Who makes a watched call, and what its time will teach (the entry is the table's, read with the GIL held):
-// unless numpy has a window, the kernel on all its threads when no other thread crowds them; else the fastest of
-// the kernel beside the running threads, the kernel on the threads they leave free (`threads` is set), and numpy.
-Plan plan(Entry* e, int64_t now, int64_t* threads) {
-    if (now < e->defer_until_ns) return LIBRARY_TAKES;
-    measure_echo(now);
-    double share;  // how busy the running threads were since the previous look
-    const int64_t since_look = now - last_look_ns;
-    last_look_ns = now;
-    const int others = tfbusy::running_others(&share);
-    const int64_t free_cpus = tfbusy::cpus() - others;
-    if (others == 0 || free_cpus >= e->params[3]) {
-        e->window_ns = 0;
-        return QUIET;
-    }
-    if (e->best_ns == 0) return CONTENDED;  // nothing to compare with yet
-    const Expected x = expected(*e);
-    const bool fewer = may_use_fewer(*e) && x.fewer < x.contended;
-    *threads = fewer ? (free_cpus > 1 ? free_cpus : 1) : e->params[3];
-    const Plan kernel = fewer ? FEWER : CONTENDED;
-    // numpy's calls made here keep its workers spinning: within an echo of the last, they are no evidence
-    if ((library_end_ns != 0 && now - library_end_ns < library_echo_ns) || (fewer ? x.fewer : x.contended) <= x.library)
-        return kernel;
-    // Looked at moments ago, or busy all along since: the same spell of numpy work goes on, give numpy a longer
-    // window. Mostly idle for longer than an echo: a new spell, which may be a single call.
-    const bool goes_on = e->window_ns != 0 && (since_look < library_echo_ns || share >= SPELL_SHARE);
-    e->window_ns = goes_on ? (4 * e->window_ns < WINDOW_MAX ? 4 * e->window_ns : WINDOW_MAX) : WINDOW_MIN;
-    e->defer_until_ns = now + e->window_ns;
-    return LIBRARY_TAKES;
-}
-
 // Notes a watched call's time (the entry is looked up again: the table may have changed during the call).
-void learn(const Key& key, GemmKernel kernel, Plan planned, int64_t start, int64_t end) {
+void learn(const Key& key, GemmKernel kernel, tfhandoff::Plan planned, int64_t start, int64_t end) {
     Entry* e = slot(key);
-    if (!e->used || e->kernel != kernel) return;
-    const int64_t took = end - start;
-    if (planned == QUIET) {
-        if (e->best_ns == 0 || took < e->best_ns) e->best_ns = took;
-    } else if (planned == CONTENDED) {
-        e->contended_ns = typical(e->contended_ns, took);
-    } else if (planned == FEWER) {
-        e->fewer_ns = typical(e->fewer_ns, took);
-    } else {
-        e->library_ns = typical(e->library_ns, took);
-        library_end_ns = end;
-    }
+    if (e->used && e->kernel == kernel) tfhandoff::learn(&e->handoff, planned, start, end);
 }
 
 int space_index(PyObject* space) {
@@ -315,10 +198,12 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(keep);
     const bool plain = alpha == 1 && beta == 0 && bias == Py_None;
     const bool watched = entry.kind == KERNEL && entry.params[3] > 1 && plain;
-    const int64_t start = watched ? now_ns() : 0;
+    const int64_t start = watched ? tfhandoff::now_ns() : 0;
     int64_t threads = entry.params[3];
-    const Plan planned = watched ? plan(slot(key), start, &threads) : QUIET;
-    if (watched && planned == LIBRARY_TAKES) {
+    const tfhandoff::Plan planned =
+        watched ? tfhandoff::plan(&slot(key)->handoff, threads, may_use_fewer(entry), start, &threads)
+                : tfhandoff::QUIET;
+    if (watched && planned == tfhandoff::LIBRARY_TAKES) {
         ++deferred_calls;
         PyObject* call_args[3] = {a, b, out};
         PyObject* returned = PyObject_Vectorcall(matmul, call_args, 2, out_kwname);
@@ -326,7 +211,7 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
             Py_DECREF(returned);
             Py_INCREF(out);
             result = out;
-            learn(key, entry.kernel, planned, start, now_ns());
+            learn(key, entry.kernel, planned, start, tfhandoff::now_ns());
         }
     } else if (entry.kind == KERNEL) {
         const void* bias_data = bias == Py_None ? nullptr : PyArray_DATA((PyArrayObject*)bias);
@@ -341,7 +226,7 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         entry.kernel(key.m, key.n, key.k, s[0] / item, s[1] / item, s[2] / item, s[3] / item, s[4] / item,
                     s[5] / item, p[0], p[1], p[2], threads, p[4], alpha, beta, a_data, b_data, c_data, bias_data);
         if (state != nullptr) PyEval_RestoreThread(state);
-        if (watched) learn(key, entry.kernel, planned, start, now_ns());
+        if (watched) learn(key, entry.kernel, planned, start, tfhandoff::now_ns());
         Py_INCREF(out);
         result = out;
     } else {
@@ -415,7 +300,7 @@ PyObject* register_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     else ++filled;
     Py_INCREF(args[7]);
     *e = Entry{key, true, (Kind)kind, (GemmKernel)address, {params[0], params[1], params[2], params[3], params[4]},
-               args[7], 0, 0, 0, 0, 0, 0, library_ratio};
+               args[7], {0, 0, 0, 0, 0, 0, library_ratio}};
     Py_RETURN_TRUE;
 }
 
@@ -433,7 +318,7 @@ PyObject* deferred(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(de
 
 PyObject* busy_threads(PyObject*, PyObject*) { return PyLong_FromLong(tfbusy::running_others()); }
 
-PyObject* echo_ns(PyObject*, PyObject*) { return PyLong_FromLongLong(library_echo_ns); }
+PyObject* echo_ns(PyObject*, PyObject*) { return PyLong_FromLongLong(tfhandoff::library_echo_ns); }
 
 // What the hand-off has learned of each multi-threaded kernel (times in ns, 0: not seen yet), for diagnostics.
 PyObject* handoff(PyObject*, PyObject*) {
@@ -443,9 +328,9 @@ PyObject* handoff(PyObject*, PyObject*) {
         if (!e.used || e.kind != KERNEL || e.params[3] < 2) continue;
         PyObject* item = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}", "m", (long long)e.key.m, "n",
                                        (long long)e.key.n, "k", (long long)e.key.k, "threads", (long long)e.params[3],
-                                       "best_ns", (long long)e.best_ns, "contended_ns", (long long)e.contended_ns,
-                                       "fewer_ns", (long long)e.fewer_ns, "library_ns", (long long)e.library_ns,
-                                       "window_ns", (long long)e.window_ns, "library_ratio", e.library_ratio);
+                                       "best_ns", (long long)e.handoff.best_ns, "contended_ns", (long long)e.handoff.contended_ns,
+                                       "fewer_ns", (long long)e.handoff.fewer_ns, "library_ns", (long long)e.handoff.library_ns,
+                                       "window_ns", (long long)e.handoff.window_ns, "library_ratio", e.handoff.library_ratio);
         if (item == nullptr || PyList_Append(list, item) != 0) {
             Py_XDECREF(item);
             Py_DECREF(list);
@@ -466,7 +351,7 @@ PyObject* init(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(args[1]);
     Py_XSETREF(slow_path, args[0]);
     Py_XSETREF(matmul, args[1]);
-    start_echo();
+    tfhandoff::start_echo();
     Py_RETURN_NONE;
 }
 

@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 KERNEL, LIBRARY, CALL = 0, 1, 2
 
 _SOURCE = Path(__file__).with_name("dispatch.cpp")
-_BUSY_THREADS = Path(__file__).with_name("busy_threads.h")  # pasted in: the module is one source file
+# pasted in, so that the module is one source file
+_BUSY_THREADS = Path(__file__).with_name("busy_threads.h")
+_HANDOFF = Path(__file__).with_name("handoff.h")
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 _loader: threading.Thread | None = None
@@ -34,7 +36,8 @@ def _load(slow_path: Callable[..., Any]) -> None:
 
         from tuneforge.compile.cpp import load_module
 
-        source = _SOURCE.read_text().replace("// @BUSY_THREADS@\n", _BUSY_THREADS.read_text(), 1)
+        source = (_SOURCE.read_text().replace("// @BUSY_THREADS@\n", _BUSY_THREADS.read_text(), 1)
+                  .replace("// @HANDOFF@\n", _HANDOFF.read_text(), 1))
         module = load_module(source, include_dirs=[np.get_include()], openmp=False)
         module.init(slow_path, np.matmul)
         _loaded = module
