@@ -138,6 +138,16 @@ def test_the_reference_run_is_the_references_check(tuning: Path) -> None:
     assert len(rows_seen["slow_on_the_whole"]) == 1 + timed["slow_on_the_whole"]  # its check, then the timed runs
 
 
+def test_a_sample_must_name_arrays_of_equal_rows(tuning: Path) -> None:
+    x, y = np.ones((ROWS, 8)), np.ones((ROWS // 2, 8))
+    choices = [ExternChoice(copy), ExternChoice(whole_copy)]
+    with pytest.raises(ValueError, match=r"names \[3\], which are not arrays: positions 0..0 are the inputs, 1 the"):
+        select_detailed("rows", choices, [x], out=np.empty_like(x), sample=RowSample(args=(0, 3), rows=4))
+    with pytest.raises(ValueError, match=r"differ in rows \(\[64, 128\]\)"):
+        select_detailed("rows", choices, [x], out=np.empty_like(y), sample=RowSample(args=(0, 1), rows=4))
+    assert default_records().count() == 0  # nothing ran
+
+
 def test_row_sample_contract() -> None:
     with pytest.raises(ValueError, match="rows must be at least 1"):
         RowSample(args=(0,), rows=0)

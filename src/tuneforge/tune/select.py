@@ -162,6 +162,8 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
         except Exception as exc:  # e.g. MemoryError: example inputs too large to make
             return _degraded(name, sizes, selection_key(name, arg_specs), candidates, exc)  # the key of no record
         out_spec = _infer_out_spec(ref or candidates[0], values)
+    if sample is not None:
+        _check_sample(name, sample, [*arg_specs, out_spec])
     key = selection_key(name, [*arg_specs, out_spec])
     described = [_describe(s) for s in [*arg_specs, out_spec]]
 
@@ -171,6 +173,19 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
                         inputs_text=", ".join(described), sample=sample)
 
     return decide(name, key, candidates, ref, workload, sizes=sizes, described=described)
+
+
+def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:
+    """A sample must name arrays (the inputs, then the output) with the same number of rows."""
+    bad = [i for i in sample.args
+           if not (isinstance(i, int) and 0 <= i < len(specs) and isinstance(specs[i], TensorSpec) and specs[i].sizes)]
+    if bad:
+        raise ValueError(f"select({name!r}): sample=RowSample(args={list(sample.args)}) names {bad}, which are not "
+                         f"arrays: positions 0..{len(specs) - 2} are the inputs, {len(specs) - 1} the output")
+    rows = sorted({specs[i].sizes[0] for i in sample.args})
+    if len(rows) > 1:
+        raise ValueError(f"select({name!r}): the arguments sample=RowSample(args={list(sample.args)}) cuts differ in "
+                         f"rows ({rows}); it cuts each to its first rows, so they must agree")
 
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
