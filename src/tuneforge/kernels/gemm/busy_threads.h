@@ -1,9 +1,9 @@
 // How many of this process's other threads are running (pasted ahead of dispatch.cpp by dispatch.py).
 //
-// Why: a multi-threaded kernel whose helper has to share a core with a running thread takes up to 2x its best
+// Why: a multi-threaded kernel whose helper has to share a core with a running thread takes 2-3x its best
 // time (the helper is descheduled holding a chunk that the caller then waits for: 512^3 fp32 on 2 cores, 1.3 ->
-// 2.5 ms). The usual such thread is an OpenBLAS worker, spinning for ~0.1 s after each numpy call, and numpy.matmul,
-// whose threads those are, then runs at its full speed. tuneforge's own pool workers ("tuneforge-pool") and the
+// 2.8 ms, a GEMV 0.4 -> 0.9 ms). The usual such thread is an OpenBLAS worker, spinning for ~0.1 s after each
+// numpy call, and numpy.matmul, whose threads those are, then runs at its full speed. tuneforge's own pool workers ("tuneforge-pool") and the
 // calling thread are never counted.
 #include <stdint.h>
 #include <stdio.h>

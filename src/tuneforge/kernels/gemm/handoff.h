@@ -19,7 +19,7 @@ inline int64_t now_ns() { return tfbusy::now_ns(); }
 // A multi-threaded kernel's plain calls (alpha 1, beta 0, no bias) go to numpy.matmul while the kernel's helpers
 // would share cores with other running threads of this process and numpy would be the faster of the two then
 // (busy_threads.h: such a thread is usually an OpenBLAS worker spinning after a numpy call, so numpy runs at full
-// speed while the kernel takes up to twice its time). A hand-off lasts a window, WINDOW_MIN at first.
+// speed while the kernel takes 2-3x its time). A hand-off lasts a window, WINDOW_MIN at first.
 // numpy's calls made here keep its workers spinning too, so when a window ends the kernel takes the calls again,
 // and running workers are only evidence once library_echo_ns has passed since the last call numpy took here: the
 // workers still running then are the program's own numpy work. The next window is 4x longer (at most WINDOW_MAX)
