@@ -57,6 +57,47 @@ def test_near_tie_takes_the_two_fastest_within_the_margin() -> None:
     assert near_tie(abandoned, "median") == []  # only partly timed: it lost anyway
 
 
+def test_a_narrow_win_over_the_reference_is_re_timed_beside_it() -> None:
+    ref, a, b, c = named("ref"), named("a"), named("b"), named("c")
+    results = [(ref, record("ref", 1.4)), (a, record("a", 1.0)), (b, record("b", 1.3)), (c, record("c", 1.05))]
+    assert [choice for choice, _ in near_tie(results, "median", ref)] == [a, c, ref]  # the tie, then the reference
+    assert [choice for choice, _ in near_tie(results[:3], "median", ref)] == [a, ref]  # no tie: a and ref only
+    assert near_tie(results[:3], "median", b) == [(a, results[1][1]), (b, results[2][1])]
+    assert near_tie(results[:3], "median", None) == []
+    far = [(ref, record("ref", 1.6)), (a, record("a", 1.0))]
+    assert near_tie(far, "median", ref) == []  # beaten by more than the default 1.5x
+    with config.patch(autotune_confirm_reference_ratio=2.0):
+        assert len(near_tie(far, "median", ref)) == 2
+    with config.patch(autotune_confirm_reference_ratio=0.0, autotune_confirm_margin=0.0):
+        assert near_tie(results, "median", ref) == []
+    fastest = [(ref, record("ref", 0.95)), (a, record("a", 1.0))]
+    assert near_tie(fastest, "median", ref) == [(ref, fastest[0][1]), (a, fastest[1][1])]  # within the margin
+
+
+def test_a_reference_timed_in_a_slow_phase_still_wins(tuning: Path) -> None:
+    """The machine was slow while the reference (the first extern choice) was first timed, and `kernel` looked
+    20% faster: beyond the near-tie margin, but within the reference ratio, so both are re-timed side by side,
+    which finds the reference faster."""
+    calls = {"library": 0}
+
+    def library(a: Any, b: Any, out: Any) -> None:
+        calls["library"] += 1
+        spin(0.0012 if calls["library"] <= 7 else 0.0006)  # reference run, verify and 5 timed runs: slow
+        np.add(a, b, out=out)
+
+    def kernel(a: Any, b: Any, out: Any) -> None:
+        spin(0.0010)
+        np.add(a, b, out=out)
+
+    choices = [ExternChoice(library, name="library"), CallableChoice(kernel, {}, name="kernel")]
+    inputs = [np.ones(16), np.ones(16)]
+    selection = select_detailed("slow-reference", choices, inputs, out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert {r.method for r in records.values()} == {"cpu-perf_counter+paired"}
+    assert selection.choice.name == "library"
+    assert records["library"].median_ms < records["kernel"].median_ms
+
+
 def test_side_by_side_timing_alternates_and_measures_each() -> None:
     order: list[str] = []
 
@@ -75,6 +116,18 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
     assert first.median_ms < second.median_ms
     # the order alternates; each batch of 2 timed runs starts with an untimed warm-up run
     assert order[:6] == ["f"] * 3 + ["s"] * 3 and order[6:12] == ["s"] * 3 + ["f"] * 3
+
+
+def test_library_batches_pause_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds alternate (k L | L k | k L): a kernel's batch waits for the library's threads to go idle once per
+    pair of library batches, and a library batch waits KERNEL_PAUSE_S after a kernel's."""
+    from tuneforge.tune import confirm
+
+    pauses: list[float] = []
+    monkeypatch.setattr(confirm.time, "sleep", pauses.append)
+    with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.05):
+        time_side_by_side([lambda: None, lambda: None], lambda: None, typical_ms=5.0, settle_after=[False, True])
+    assert pauses == [0.05, confirm.KERNEL_PAUSE_S, 0.05, confirm.KERNEL_PAUSE_S]
 
 
 def test_a_drifted_first_timing_is_corrected(tuning: Path) -> None:

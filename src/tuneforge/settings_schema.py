@@ -133,6 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("autotune.confirm_margin", parsing.parse_float, parsing.coerce_non_negative_float, 0.1,
             "Re-time the two fastest choices side by side, in alternating rounds, when they are within this "
             "fraction of each other (0: never).", in_cache_key=False),
+    Setting("autotune.confirm_reference_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
+            "Re-time the fastest choice and the reference (the first extern choice, e.g. numpy) side by side, in "
+            "alternating rounds, when the fastest beat the reference by less than this factor (0: never).",
+            in_cache_key=False),
     Setting("autotune.abandon_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),

@@ -220,12 +220,13 @@ class Trials:
         return self._timed(choice, timing, screened.info)
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
-        """Re-time a near tie of the two fastest side by side (see confirm.py): their new records, by index."""
+        """Re-time a near tie of the two fastest, or a narrow win over the reference, side by side (see
+        confirm.py): their new records, by index."""
         if self.job.device != "cpu":  # side by side on the host's clock would time the launches only
             return []
         # a choice timed on a sample only was never checked on the whole problem: it must not win here
         tie = near_tie([(choice, record) for _, choice, record in results if SAMPLED not in record.method],
-                       config.get_str("autotune.statistic"))
+                       config.get_str("autotune.statistic"), self.reference)
         if not tie:
             return []
         index = {id(choice): i for i, choice, _ in results}
