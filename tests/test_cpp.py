@@ -147,3 +147,19 @@ def test_build_reports_whether_it_compiled(cache_dir: Path) -> None:
     assert first.key == second.key and first.library_path == second.library_path
     assert first.entry.meta["compile_seconds"] > 0
     assert (first.entry.path / "source.cpp").read_text() == request.source
+
+
+def test_a_compiler_behind_a_symlink_is_run_by_the_name_it_was_given(cache_dir: Path, tmp_path: Path) -> None:
+    """A driver reads its mode from its name (clang++ -> clang links no C++ runtime; ccache's g++ link is how
+    ccache knows what to run): the symlink is run, not its target, and a C++ module built through it loads."""
+    real = tmp_path / "real-compiler"
+    real.write_text('#!/bin/sh\necho "$(basename "$0")" >> "$(dirname "$0")/names.log"\nexec g++ "$@"\n')
+    real.chmod(0o755)
+    link = tmp_path / "linked-g++"
+    link.symlink_to(real)
+    with config.patch(cpp_cxx=str(link)):
+        module = tuneforge.cpp.load_module("int twice(int x) { return 2 * x; }",
+                                           functions=["int twice(int x)"])
+    assert module.twice(21) == 42
+    names = set((tmp_path / "names.log").read_text().split())
+    assert names == {"linked-g++"}, names

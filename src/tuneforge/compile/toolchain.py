@@ -126,7 +126,9 @@ def _resolve(spec: str) -> tuple[str, ...]:
         if path is None:
             raise ToolchainError(f"C++ compiler {word!r} not found or not executable "
                                  "(set cpp.cxx / TUNEFORGE_CPP_CXX or $CXX to a working compiler)")
-        resolved.append(os.path.realpath(path))
+        # absolute, but not through symlinks: a driver reads its mode from the name it is run by (clang++ links
+        # C++ where its target, clang, does not; ccache's g++ link runs g++)
+        resolved.append(os.path.abspath(path))
     return tuple(resolved)
 
 

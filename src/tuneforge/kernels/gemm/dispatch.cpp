@@ -65,8 +65,8 @@ Entry* slot(const Key& key) {
 uint64_t deferred_calls = 0;
 
 // Whether the kernel may run on fewer threads than it was tuned with and give the same result: not the few-rows
-// kernel (MC = KC = 0) splitting the depth (mode bit 1), whose partial sums are added per thread.
-bool may_use_fewer(const Entry& e) { return !(e.params[0] == 0 && e.params[1] == 0 && (e.params[4] & 1)); }
+// kernel (MC = 0) splitting the depth (mode bit 1), whose partial sums are added per thread.
+bool may_use_fewer(const Entry& e) { return !(e.params[0] == 0 && (e.params[4] & 1)); }
 
 // Notes a watched call's time (the entry is looked up again: the table may have changed during the call).
 void learn(const Key& key, GemmKernel kernel, tfhandoff::Plan planned, int64_t start, int64_t end) {

@@ -13,6 +13,9 @@ from tuneforge.tune.template import KernelTemplate
 # in them share one artifact. Packing is decided outside the inner loops, so it costs nothing there
 # to leave it to run time, and a cold tuning compiles one kernel per register tile instead of three.
 RUNTIME_PARAMS = ("MC", "KC", "NC", "threads", "par", "PACK_A", "PACK_B")
+# The few-rows kernel's prefetch distance and stream layout are run-time arguments too: a cold GEMV tuning built
+# four kernels (~0.8 s each on 2 cores) for four (KU, PF, FAR) streams; it now builds one per KU.
+SMALL_M_RUNTIME_PARAMS = (*RUNTIME_PARAMS, "PF", "FAR")
 
 SIGNATURE = ("void tuneforge_gemm(int64_t M, int64_t N, int64_t K, int64_t rsa, int64_t csa, int64_t rsb, "
              "int64_t csb, int64_t rsc, int64_t csc, int64_t MC, int64_t KC, int64_t NC, int64_t threads, "
@@ -27,8 +30,11 @@ def element_strides(arr: Any) -> tuple[int, int]:
 
 def runtime_args(config: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
     """A configuration's run-time arguments: MC, KC, NC, threads and the mode bits (1: the other parallel
-    loop, `par`; 2: pack A; 4: pack B; the few-rows kernel reads only bit 1)."""
+    loop, `par`; 2: pack A; 4: pack B). The few-rows kernel ("MMAX" in the configuration) takes MC = 0, its
+    prefetch distance PF in KC's place and FAR as mode bit 8."""
     mode = int(config["par"]) | (2 if config.get("PACK_A") else 0) | (4 if config.get("PACK_B") else 0)
+    if "MMAX" in config:
+        return 0, int(config["PF"]), config["NC"], config["threads"], mode | (8 if config["FAR"] else 0)
     return config["MC"], config["KC"], config["NC"], config["threads"], mode
 
 
@@ -63,13 +69,14 @@ def _source(template: str) -> str:
     return (_HERE / template).read_text().replace("// @POOL@\n", _POOL, 1)
 
 
+FLAGS = ("-ffp-contract=fast", "-pthread")
 TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                          runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast", "-pthread"), openmp=False,
+                          runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
                           describe=describe, sample_rows=sample_rows)
 
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
 SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                         runtime_params=RUNTIME_PARAMS, flags=("-ffp-contract=fast", "-pthread"), openmp=False,
+                         runtime_params=SMALL_M_RUNTIME_PARAMS, flags=FLAGS, openmp=False,
                          describe=describe, sample_rows=sample_rows)
