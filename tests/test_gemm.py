@@ -17,7 +17,7 @@ from tuneforge.compile.pool import default_pool
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space, vector_widths
 from tuneforge.kernels.gemm import choices as gemm_choices
-from tuneforge.kernels.gemm.space import small_m_space
+from tuneforge.kernels.gemm.space import SMALL_M_MAX, small_m_space
 from tuneforge.kernels.gemm.template import SMALL_M, launch
 from tuneforge.tune.template import TemplateChoice
 
@@ -74,7 +74,7 @@ def check_choices(choices: list[TemplateChoice], m: int, n: int, k: int, dtype: 
 
 
 ODD = [(1, 1, 1), (7, 33, 127), (127, 7, 33), (33, 127, 1000), (1000, 1, 7), (1, 1000, 33), (127, 1000, 1),
-       (20, 130, 67)]  # the last: the few-rows kernel in passes of 8 rows (8 + 8 + 4) over column blocks
+       (20, 130, 67)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -101,11 +101,12 @@ def test_every_default_config_with_alpha_beta_bias(kernels_dir: Path, dtype: str
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_few_rows_kernel_with_threads_splitting_the_depth(kernels_dir: Path, dtype: str) -> None:
-    # Three threads over uneven parts of K, one pass (M <= 8) and several (M = 20), and fewer rows of B than
-    # threads (some parts empty); every stream layout.
+    # Three threads over uneven parts of K, one pass (M <= 8) and several (M = 20, 8 + 8 + 4 rows over column
+    # blocks; the exhaustive space's), and fewer rows of B than threads (some parts empty); every stream layout.
     for (m, n, k), layout in [((1, 77, 301), "contiguous"), ((5, 130, 1000), "offset"), ((20, 50, 400), "transposed"),
                               ((3, 1, 2), "offset")]:
-        configs = [dict(c, threads=3, par=1) for c in small_m_space(Problem(m, n, k, dtype), cpu_info(), 3)]
+        space = small_m_space(Problem(m, n, k, dtype), cpu_info(), 3, most_rows=SMALL_M_MAX)
+        configs = [dict(c, threads=3, par=par) for c in space for par in (1, 0)]
         assert {c["FAR"] for c in configs} == ({0, 1} if m <= 8 else {0})
         check_choices(SMALL_M.choices(configs), m, n, k, dtype, layout, alpha=0.5, beta=-1.0, with_bias=True)
 
@@ -211,8 +212,9 @@ def test_thread_counts_in_the_default_space() -> None:
         return {c["threads"] for c in default_space(Problem(*shape, "float64"), threads=team)}
 
     assert threads((64, 64, 64), 2) == {1}  # too little work to share
-    assert threads((512, 512, 512), 2) == {1, 2}
-    assert threads((2048, 2048, 2048), 2) == {2}  # one thread cannot win, and timing it costs seconds
+    assert threads((256, 256, 256), 2) == {1, 2}
+    assert threads((512, 512, 512), 2) == {2}  # one thread cannot win, and timing it costs seconds
+    assert threads((32, 4096, 4096), 2) == {2}
     assert threads((2048, 2048, 2048), 1) == {1}
 
 

@@ -310,3 +310,29 @@ def test_a_worker_killed_before_any_choice_ran_records_no_crash(tuning: Path, mo
     warnings = tuning_warnings(caplog)
     assert len(warnings) == 1 and "before any choice ran" in warnings[0], warnings
     assert [r.status for r in default_records().records()] == []
+
+
+def test_timed_runs_restore_an_accumulated_output_but_not_a_poisoned_one(tuning: Path) -> None:
+    """Before each timed run, an output the choice accumulates into is set back to its initial values; a poisoned
+    output (overwritten whole by any choice that passed its check) is not: copying it back cost as much as the
+    run of a large GEMM."""
+    seen: dict[bool, list[float]] = {False: [], True: []}
+
+    def writer(accumulate: bool) -> Any:
+        def run(a: Any, b: Any, out: Any) -> None:
+            seen[accumulate].append(float(out[0]))
+            if accumulate:
+                out += a + b
+            else:
+                np.add(a, b, out=out)
+        return run
+
+    with config.patch(autotune_isolate=False):
+        for accumulate in (False, True):
+            choices = [ExternChoice(writer(accumulate), name="add"), ExternChoice(writer(accumulate), name="again")]
+            select(f"restore-{accumulate}", choices, arrays(), out=np.ones(64), accumulate=accumulate)
+    poisoned, accumulated = seen[False], seen[True]
+    # the poison reaches the reference's run, its first timed run and the other choice's check; every other timed
+    # run sees the previous result
+    assert len(poisoned) >= 8 and sum(np.isnan(poisoned)) == 3, poisoned[:12]
+    assert len(accumulated) >= 8 and len(set(accumulated)) == 1 and not np.isnan(accumulated[0])  # initial values

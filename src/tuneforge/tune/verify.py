@@ -69,39 +69,43 @@ def _blocks(got: np.ndarray, want: np.ndarray) -> Iterator[tuple[tuple[slice, ..
 
 
 def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
-    scale = 0.0
+    # One pass over the blocks: |got - want| <= atol * scale + rtol * |want| holds everywhere exactly when the
+    # largest excess |got - want| - rtol * |want| is at most atol * scale, and scale (the largest finite |want|)
+    # is only known at the end. float32 and float64 are compared in their own type (a difference of two close
+    # values is exact in it); others in float64 or complex128. A 4096^2 fp32 check took 0.11 s in float64.
+    wide: type = np.complex128 if np.iscomplexobj(want) or np.iscomplexobj(got) else np.float64
+    if got.dtype == want.dtype and got.dtype in (np.float32, np.float64):
+        wide = got.dtype.type
+    scale = largest = 0.0
+    worst: tuple[float, tuple[int, ...]] | None = None  # (largest excess, where)
     for index, g, w in _blocks(got, want):
-        finite_want = np.isfinite(w)
-        if not np.array_equal(np.isfinite(g), finite_want):
-            bad = np.argwhere(np.isfinite(g) != finite_want)[0]
-            at = _at(index, bad)
-            return (f"non-finite value mismatch at index {at}: got {got[at]}, expected {want[at]} (was every "
-                    "element of the output written?)")
-        if finite_want.any():
-            scale = max(scale, float(np.max(np.abs(w[finite_want]))))
-    scale = max(scale, 1.0)
-    wide = np.complex128 if np.iscomplexobj(want) or np.iscomplexobj(got) else np.float64  # keep imag parts
-    worst: tuple[float, tuple[int, ...]] | None = None  # (excess over the limit, where)
-    largest = 0.0
-    for index, g, w in _blocks(got, want):
-        finite_want = np.isfinite(w)
-        with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out below
-            error = np.abs(g.astype(wide) - w.astype(wide))
-        error[~finite_want] = 0.0
-        limit = atol * scale + rtol * np.abs(w.astype(wide))
-        limit[~finite_want] = 0.0
-        if error.size:
-            largest = max(largest, float(error.max()))
-        if not np.all(error <= limit):
-            local = np.unravel_index(int(np.argmax(error - limit)), error.shape)
-            excess = float((error - limit)[local])
-            if worst is None or excess > worst[0]:
-                worst = (excess, _at(index, local))
-    if worst is None:
+        if not g.size:
+            continue
+        magnitude = np.abs(w.astype(wide, copy=False))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are inf: masked out below
+            error = np.abs(g.astype(wide, copy=False) - w.astype(wide, copy=False))
+        block_scale, block_largest = float(magnitude.max()), float(error.max())  # NaN and inf come through max
+        if not (np.isfinite(block_scale) and np.isfinite(block_largest)):  # a non-finite value somewhere
+            finite_want = np.isfinite(w)
+            if not np.array_equal(np.isfinite(g), finite_want):
+                bad = np.argwhere(np.isfinite(g) != finite_want)[0]
+                at = _at(index, bad)
+                return (f"non-finite value mismatch at index {at}: got {got[at]}, expected {want[at]} (was every "
+                        "element of the output written?)")
+            error[~finite_want] = 0.0
+            magnitude[~finite_want] = 0.0
+            block_scale, block_largest = float(magnitude.max()), float(error.max())
+        scale, largest = max(scale, block_scale), max(largest, block_largest)
+        magnitude *= rtol
+        excess = np.subtract(error, magnitude, out=error)
+        local = np.unravel_index(int(np.argmax(excess)), excess.shape)
+        if worst is None or float(excess[local]) > worst[0]:
+            worst = (float(excess[local]), _at(index, local))
+    if worst is None or worst[0] <= atol * max(scale, 1.0):
         return None
     at = worst[1]
     return (f"wrong result: max abs error {largest:.3g}; at index {at} got {got[at]}, expected {want[at]} "
-            f"(rtol={rtol:g}, atol={atol:g}×{scale:.3g})")
+            f"(rtol={rtol:g}, atol={atol:g}×{max(scale, 1.0):.3g})")
 
 
 def _at(block: tuple[slice, ...], local: Any) -> tuple[int, ...]:

@@ -131,6 +131,12 @@ def _config(p: Problem, vec: int, mr: int, nv: int, *, pack_a: int, pack_b: int,
             **blocking(p, vec, mr, nv, cpu, kc_scale, threads if par == 0 else 1), "threads": threads, "par": par}
 
 
+# From this much work on, every thread has ample work: one thread cannot win, and timing it is slow. Measured on
+# 2 cores: 512^3, 32x4096x4096 and 4096x4096x32 ran 1.5-2.3x slower on one thread in every configuration, and its
+# seven configurations took a tenth of a cold tuning of the skinny shapes.
+AMPLE_FLOPS = 2 * 512**3
+
+
 def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> list[dict[str, Any]]:
     """About a dozen configurations picked by heuristics; at most 3 distinct compiled kernels."""
     cpu = cpu or cpu_info()
@@ -142,7 +148,7 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     # Packing pays off when a block is reused: skip it where A (or B) is read about once anyway.
     packs = [(1, 1)] if not (small or skinny_m or min(p.n, p.k) <= 64) else [(1, 1), (0, 0), (1, 0)]
     thread_options = [1] if p.flops <= 2 * 96**3 or team == 1 else sorted({1, team}, reverse=True)
-    if p.flops >= 2 * 1024**3:  # every thread has ample work: one thread cannot win, and timing it is slow
+    if p.flops >= AMPLE_FLOPS:
         thread_options = [team]
     chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:3]
     if skinny_m:  # a tall register tile would mostly multiply zero padding
@@ -165,19 +171,27 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
 
 
 SMALL_M_ROWS = (1, 2, 4, 8)  # rows of C one pass of the few-rows kernel accumulates
-SMALL_M_MAX = 32  # up to this many rows it is worth a try, in passes of 8 over an L3-resident block of B
+# Up to this many rows the exhaustive space tries the kernel in passes of 8 over an L3-resident block of B; the
+# default space only where one pass does (M <= 8). Several passes lost to the blocked kernel split over columns
+# (or to numpy) at every M tried on a Zen 4 (12, 16, 17, 32: by 1.1-1.7x), and their two builds and eight
+# configurations were a third of a cold tuning of 32x4096x4096.
+SMALL_M_MAX = 32
 
 
-def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False) -> list[dict[str, Any]]:
-    """Configurations of the few-rows kernel (M <= 32): it reads B contiguously, once from memory."""
-    if p.m > SMALL_M_MAX:
+def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False,
+                  most_rows: int | None = None) -> list[dict[str, Any]]:
+    """Configurations of the few-rows kernel (M <= 8, or `most_rows`; exhaustive: M <= 32): it reads B
+    contiguously, once from memory."""
+    if p.m > (most_rows or (SMALL_M_MAX if exhaustive else SMALL_M_ROWS[-1])):
         return []
     rows = next((r for r in SMALL_M_ROWS if r >= p.m), SMALL_M_ROWS[-1])
     l2 = cpu.caches().get("L2", 512 * 1024)
     l3 = cpu.caches().get("L3", 8 * 2**20)
     configs = []
     widths = vector_widths(cpu) if exhaustive else vector_widths(cpu)[:1]
-    threads = sorted({1, team})
+    # One pass streams B once and is bound by memory, where one core can match two (on a Zen 5, 1.2-1.35x numpy on
+    # one core); several passes compute, and need every core once the work is ample.
+    threads = sorted({1, team}) if p.m <= rows or p.flops < AMPLE_FLOPS else [team]
     if p.m <= rows:  # one pass: column blocks sized for the rows of C kept in L2, and at least one per thread
         block = max(64, min(p.n, int(l2 * 0.25 / (rows * p.itemsize))))
         # (column block, threads, par): threads split the columns, or (par=1) the rows of B, so that each
