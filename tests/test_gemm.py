@@ -17,7 +17,7 @@ from tuneforge.compile.pool import default_pool
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space, vector_widths
 from tuneforge.kernels.gemm import choices as gemm_choices
-from tuneforge.kernels.gemm.space import SMALL_M_MAX, small_m_space
+from tuneforge.kernels.gemm.space import SMALL_M_MAX, padding, small_m_space
 from tuneforge.kernels.gemm.template import SMALL_M, launch
 from tuneforge.tune.template import TemplateChoice
 
@@ -211,11 +211,27 @@ def test_thread_counts_in_the_default_space() -> None:
     def threads(shape: tuple[int, int, int], team: int) -> set[int]:
         return {c["threads"] for c in default_space(Problem(*shape, "float64"), threads=team)}
 
-    assert threads((64, 64, 64), 2) == {1}  # too little work to share
+    assert threads((32, 32, 32), 2) == {1}  # too little work to share
+    assert threads((64, 64, 64), 2) == {1, 2}
     assert threads((256, 256, 256), 2) == {1, 2}
     assert threads((512, 512, 512), 2) == {2}  # one thread cannot win, and timing it costs seconds
     assert threads((32, 4096, 4096), 2) == {2}
     assert threads((2048, 2048, 2048), 1) == {1}
+
+
+def test_small_problems_try_tiles_that_fit_them() -> None:
+    avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
+    assert padding(Problem(64, 64, 64, "float32"), 14, 2, 64) == pytest.approx(70 / 64 - 1)
+    assert padding(Problem(64, 100, 8, "float64"), 8, 2, 64) == pytest.approx(112 / 100 - 1)
+
+    def tiles(shape: tuple[int, int, int], dtype: str = "float32") -> set[tuple[int, int]]:
+        with config.patch(kernel_isa="auto"):
+            return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, dtype), avx512, threads=2)}
+
+    assert tiles((128, 128, 128)) == {(8, 2), (4, 4)}  # 8x2 first, then the other tile without padding
+    assert tiles((32, 32, 32)) == {(8, 2), (12, 2)}  # 4x4 vectors of fp32 would pad 32 columns to 64
+    assert tiles((32, 32, 32), "float64") == {(8, 2), (4, 4)}
+    assert (14, 2) in tiles((1024, 1024, 1024)) and (8, 2) not in tiles((1024, 1024, 1024))  # large: by FMA:load
 
 
 def test_kernel_isa_setting_caps_the_vector_width() -> None:
