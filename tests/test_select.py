@@ -332,7 +332,7 @@ def test_timed_runs_restore_an_accumulated_output_but_not_a_poisoned_one(tuning:
             choices = [ExternChoice(writer(accumulate), name="add"), ExternChoice(writer(accumulate), name="again")]
             select(f"restore-{accumulate}", choices, arrays(), out=np.ones(64), accumulate=accumulate)
     poisoned, accumulated = seen[False], seen[True]
-    # the poison reaches the reference's run, its first timed run and the other choice's check; every other timed
-    # run sees the previous result
-    assert len(poisoned) >= 8 and sum(np.isnan(poisoned)) == 3, poisoned[:12]
+    # the poison reaches the reference's run, its first timed run, the other choice's check and, when the two are
+    # re-timed side by side (a near tie), the first run of that; every other timed run sees the previous result
+    assert len(poisoned) >= 8 and 3 <= sum(np.isnan(poisoned)) <= 4, poisoned[:12]
     assert len(accumulated) >= 8 and len(set(accumulated)) == 1 and not np.isnan(accumulated[0])  # initial values
