@@ -98,6 +98,35 @@ def test_a_reference_timed_in_a_slow_phase_still_wins(tuning: Path) -> None:
     assert records["library"].median_ms < records["kernel"].median_ms
 
 
+def test_the_reference_is_warmed_up_again_before_it_is_timed(tuning: Path) -> None:
+    """The reference's check runs before every other choice, so a library's threads have gone to sleep by the time
+    it is timed: its first calls then are slow (here two, as OpenBLAS's were), and they must not be its timing."""
+    state = {"last": 0.0, "slow_left": 0}
+
+    def library(a: Any, b: Any, out: Any) -> None:
+        now = time.perf_counter()
+        if now - state["last"] > 0.005:  # idle for 5 ms: the pool fell asleep, two calls wake it
+            state["slow_left"] = 2
+        if state["slow_left"]:
+            state["slow_left"] -= 1
+            spin(0.02)
+        else:
+            spin(0.0005)
+        np.add(a, b, out=out)
+        state["last"] = time.perf_counter()
+
+    def kernel(a: Any, b: Any, out: Any) -> None:
+        spin(0.001)
+        np.add(a, b, out=out)
+
+    choices = [ExternChoice(library, name="library"), CallableChoice(kernel, {}, name="kernel")]
+    with config.patch(autotune_bench_time_s=0.02, autotune_confirm_reference_ratio=0.0):
+        selection = select_detailed("sleepy-library", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert selection.choice.name == "library", records
+    assert records["library"].median_ms < 0.8 and "+abandoned" not in records["library"].method
+
+
 def test_side_by_side_timing_alternates_and_measures_each() -> None:
     order: list[str] = []
 

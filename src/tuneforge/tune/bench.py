@@ -71,7 +71,7 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 
 
 _LONG_RUN_REPEATS = 2  # enough once single runs last a large part of a second: their spread is small
-_LONG_RUN_NS = 50_000_000  # a checked run this long counts as a timed run (first-call effects are noise by then)
+LONG_RUN_NS = 50_000_000  # a checked run this long counts as a timed run (first-call effects are noise by then)
 
 
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
@@ -117,7 +117,7 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     gc.disable()
     try:
         start_ns = time.perf_counter_ns()
-        if first_ns is not None and first_ns >= _LONG_RUN_NS:
+        if first_ns is not None and first_ns >= LONG_RUN_NS:
             samples_ns.append(first_ns)
             start_ns -= first_ns
         # a checked run that alone lasted max_bench_s is enough where one run is asked for

@@ -29,7 +29,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
-from tuneforge.tune.bench import Timing, benchmark_cpu
+from tuneforge.tune.bench import LONG_RUN_NS, Timing, benchmark_cpu
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import near_tie, time_side_by_side
@@ -143,9 +143,15 @@ class Trials:
 
     def _run(self, choice: Choice, started: float, budget_s: float | None, whole: bool) -> Record:
         args, initial, expected_outputs, factor = self.problem(choice, whole)
-        if choice is self.reference and self.reference_ns is not None and factor == 1.0:
+        reference_ns = self.reference_ns if choice is self.reference and factor == 1.0 else None
+        # A check just run warmed the choice up; the reference's ran before every other choice, and its library's
+        # threads have gone to sleep since: an untimed run first, or waking them takes the first two timed runs
+        # (numpy on 128^3 fp32 was abandoned at 5 ms a call, 170x its time). Not for long runs, which that hardly
+        # changes and whose one more run would cost seconds.
+        cold = reference_ns is not None and reference_ns < LONG_RUN_NS
+        if reference_ns is not None:
             # the reference's run, on these arguments, was its check: a large problem's run can take a second
-            checked_ns, mutated = self.reference_ns, self.reference_mutated
+            checked_ns, mutated = reference_ns, self.reference_mutated
         else:
             try:
                 run_started = time.perf_counter_ns()
@@ -182,7 +188,7 @@ class Trials:
                 # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
                 # max_bench_s, which such effects hardly change
                 counted = not whole or checked_ns >= config.get_float("autotune.max_bench_s") * 1e9
-                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=True,
+                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=not cold,
                                        abandon_ms=None if abandon is None else abandon / factor,
                                        first_ns=checked_ns if counted else None,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
