@@ -202,9 +202,12 @@ def test_default_space_size_and_kernel_count() -> None:
     from tuneforge.kernels.gemm.space import kernel_count
 
     for shape in [(64, 64, 64), (512, 512, 512), (32, 4096, 4096), (4096, 32, 4096), (4096, 4096, 32),
-                  (1, 4096, 4096)]:
+                  (2, 4096, 4096)]:
         configs = default_space(Problem(*shape, "float32"))
         assert 3 <= len(configs) <= 20 and kernel_count(configs) <= 3, shape
+    assert default_space(Problem(1, 4096, 4096, "float32")) == []  # a GEMV: the few-rows kernel's alone
+    gemv = gemm_choices(Problem(1, 4096, 4096, "float32"))
+    assert gemv[0].name == "numpy_matmul" and {c.config["KU"] for c in gemv[1:]} == {4, 8}  # two builds
 
 
 def test_thread_counts_in_the_default_space() -> None:

@@ -150,7 +150,11 @@ AMPLE_FLOPS = 2 * 512**3
 
 
 def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> list[dict[str, Any]]:
-    """About a dozen configurations picked by heuristics; at most 3 distinct compiled kernels."""
+    """About a dozen configurations picked by heuristics; at most 3 distinct compiled kernels. None for a single
+    row (GEMV): the few-rows kernel's (small_m_space) serve it, and a blocked tile would mostly multiply padding
+    (2.5-6x slower than the few-rows kernel in every run here; its build was a third of a cold GEMV tuning)."""
+    if p.m == 1:
+        return []
     cpu = cpu or cpu_info()
     widest = vector_widths(cpu)[0]
     team = threads or max_threads()
@@ -221,8 +225,10 @@ def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False,
         layouts += [(block, team, 1)] if team > 1 and p.k >= 64 * team else []
         # (rows of B streamed at once, software prefetch distance in bytes, rows far apart): measured best on
         # a Zen 5 were 4-5 far-apart rows with 256 B prefetch on one core (1.2-1.35x numpy) and without
-        # prefetch on two; adjacent rows are the hedge for prefetchers that favour one stream.
-        streams = [(4, 256, 1), (5, 256, 1), (4, 0, 1), (8, 1024, 0)]
+        # prefetch on two; adjacent rows are the hedge for prefetchers that favour one stream. Each KU is a build
+        # of its own: 4 and 5 rows were within noise of each other on a Zen 4, so 5 is left to the exhaustive
+        # space, and a GEMV's two builds take one round on two cores.
+        streams = [(4, 256, 1), (4, 1024, 1), (4, 0, 1), (8, 1024, 0)]
     else:  # several passes over each K x NB block of B, which a quarter of L3 keeps (measured: 256-512 wide)
         block = max(64, min(p.n, int(l3 * 0.25 / (max(p.k, 1) * p.itemsize))) // 64 * 64)
         layouts = list(itertools.product(sorted({block, max(64, block // 2)}), threads, [0]))
