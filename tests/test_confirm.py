@@ -39,6 +39,15 @@ def record(name: str, median_ms: float | None, status: str = "ok", method: str =
                   min_ms=median_ms, mean_ms=median_ms, method=method)
 
 
+def paired_selection(name: str, choices: list[Choice]) -> tuple[str, dict[str, Record]]:
+    """Select among `choices` on small arrays: the winner's name and the records, checked to be all re-timed side
+    by side."""
+    selection = select_detailed(name, choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert {r.method for r in records.values()} == {"cpu-perf_counter+paired"}, records
+    return selection.choice.name, records
+
+
 def named(name: str) -> Choice:
     return CallableChoice(lambda *args: None, {}, name=name)
 
@@ -89,13 +98,9 @@ def test_a_reference_timed_in_a_slow_phase_still_wins(tuning: Path) -> None:
         spin(0.0010)
         np.add(a, b, out=out)
 
-    choices = [ExternChoice(library, name="library"), CallableChoice(kernel, {}, name="kernel")]
-    inputs = [np.ones(16), np.ones(16)]
-    selection = select_detailed("slow-reference", choices, inputs, out=np.empty(16))
-    records = {r.choice_name: r for r in default_records().get(selection.key)}
-    assert {r.method for r in records.values()} == {"cpu-perf_counter+paired"}
-    assert selection.choice.name == "library"
-    assert records["library"].median_ms < records["kernel"].median_ms
+    winner, records = paired_selection("slow-reference", [ExternChoice(library, name="library"),
+                                                           CallableChoice(kernel, {}, name="kernel")])
+    assert winner == "library" and records["library"].median_ms < records["kernel"].median_ms
 
 
 def test_the_reference_is_warmed_up_again_before_it_is_timed(tuning: Path) -> None:
@@ -173,14 +178,10 @@ def test_a_drifted_first_timing_is_corrected(tuning: Path) -> None:
         spin(0.00105 if calls["late"] <= 6 else 0.0007)  # the first pass: verify + 5 timed runs
         np.add(a, b, out=out)
 
-    choices = [ExternChoice(steady, name="steady"), ExternChoice(late, name="late")]
-    inputs = [np.ones(16), np.ones(16)]
     with config.patch(autotune_confirm_margin=0.25):  # room for a noisy machine in the first pass
-        selection = select_detailed("drift", choices, inputs, out=np.empty(16))
-    records = {r.choice_name: r for r in default_records().get(selection.key)}
-    assert {r.method for r in records.values()} == {"cpu-perf_counter+paired"}
-    assert selection.choice.name == "late"
-    assert records["late"].median_ms < records["steady"].median_ms
+        winner, records = paired_selection("drift", [ExternChoice(steady, name="steady"),
+                                                     ExternChoice(late, name="late")])
+    assert winner == "late" and records["late"].median_ms < records["steady"].median_ms
 
 
 def test_without_a_tie_the_first_timings_stand(tuning: Path) -> None:
