@@ -213,3 +213,18 @@ def test_each_choice_is_pickled_once_before_it_is_sent(cache_dir: Path) -> None:
     assert {r.choice_name: r.status for r in selection.records.values()} == {"counted_add": "ok",
                                                                              "counted_add_slow": "ok"}
     assert pickled == {"counted_add": 2, "counted_add_slow": 2}
+
+
+def test_a_worker_whose_parent_is_gone_before_it_is_ready_exits_quietly() -> None:
+    """Ctrl-C while a worker starts: the parent closes its end of the pipe, and the worker's "ready" meets a broken
+    pipe. It must end at once, printing no traceback to the terminal it shares with the parent."""
+    from tuneforge.tune.protocol import send
+
+    worker = subprocess.Popen([sys.executable, "-m", "tuneforge.tune.worker"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert worker.stdin is not None and worker.stdout is not None and worker.stderr is not None
+    worker.stdout.close()  # gone before the worker answers
+    send(worker.stdin.fileno(), {"sys_path": [p for p in sys.path if p], "cpus": []})
+    worker.stdin.close()
+    assert worker.wait(timeout=60) == 0
+    assert "Traceback" not in worker.stderr.read().decode(), "the worker printed a traceback"

@@ -110,7 +110,10 @@ def main() -> None:
     os.dup2(devnull, 0)  # input() in an imported script gets EOF instead of protocol bytes
     os.close(devnull)
     os.dup2(2, 1)
-    serve(read_fd, write_fd)
+    try:
+        serve(read_fd, write_fd)
+    except BrokenPipeError:  # the parent is gone (interrupted while this worker started): no one to report to
+        os._exit(0)
 
 
 if __name__ == "__main__":
