@@ -237,6 +237,14 @@ def test_small_problems_try_tiles_that_fit_them() -> None:
     assert (14, 2) in tiles((1024, 1024, 1024)) and (8, 2) not in tiles((1024, 1024, 1024))  # large: by FMA:load
 
 
+def test_mid_size_problems_also_try_b_unpacked() -> None:
+    def packs(shape: tuple[int, int, int]) -> set[tuple[int, int]]:
+        return {(c["PACK_A"], c["PACK_B"]) for c in default_space(Problem(*shape, "float32"), threads=2)}
+
+    assert packs((96, 1000, 300)) == {(1, 1), (0, 0), (1, 0)}  # below 2 x 512^3 flops
+    assert packs((1024, 1024, 1024)) == {(1, 1)}  # ample work: B is reused by many M blocks
+
+
 def test_kernel_isa_setting_caps_the_vector_width() -> None:
     avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
     with config.patch(kernel_isa="avx2"):
