@@ -13,16 +13,23 @@ Issue 13 ("picks that hold"): for each shape and dtype,
    every candidate (order reversed every other round) and times a burst of calls after an untimed warm-up
    call; a candidate's figure is the median over rounds of the burst's median call. Two conditions:
    - quiet: only the candidate runs; after numpy's burst a pause lets OpenBLAS's threads stop spinning.
-   - mixed: each timed call comes after the work of gemm_mixed.py's interleaved loop (the previous result's
-     element-wise epilogue, then a 64x1024x64 np.matmul), so OpenBLAS's threads are still spinning and the
-     caches hold the other work's data, as in a real program. Only the candidate call is timed: the loop
-     around it is ~100 us of numpy work whose own jitter would bury a 3% difference of a 5 us kernel.
-     What the call leaves behind for its neighbours (its pool spinning, evicted data) is caught by a second
-     figure, "prog": the whole iteration's time minus that of the same iteration without the gemm (timed in
-     the same round), i.e. the gemm's cost to the program. It is shown, not judged: it is noisier.
-3. each pick's steady time relative to the best candidate (pick/best - 1) in both conditions: the pick holds
-   when every cold run's pick is within 3% of the best in both; the picks agree when they are the same
-   candidate, or within 3% of each other in both conditions.
+   - op: each timed call is a tuneforge.gemm call through the C dispatcher with the candidate registered as
+     the layout's winner (as the op registers one: numpy's tuned ratio from the cold run's records), and it
+     comes after the work of gemm_mixed.py's interleaved loop (the previous result's element-wise epilogue,
+     then a 64x1024x64 np.matmul), so OpenBLAS's threads are still spinning and the caches hold the other
+     work's data, as in a real program. A multi-threaded kernel's crowded calls are then the dispatcher's to
+     hand to numpy (kernels/gemm/handoff.h): before each burst the candidate is registered afresh, makes ten
+     quiet calls (its best time, which the hand-off compares with) and a few crowded ones (each way tried
+     once), as it would early in a program. Only the gemm call is timed: the loop around it is ~100 us of
+     numpy work whose own jitter would bury a 3% difference of a 5 us kernel.
+   - mixed (shown, not judged): the same loop calling the bare candidate, without the dispatcher: what a
+     kernel itself does beside spinning OpenBLAS workers.
+   What the call leaves behind for its neighbours (its pool spinning, evicted data) is caught by another figure,
+   "prog": the op loop's iteration time minus that of the same iteration without the gemm (timed in the same
+   round), i.e. the gemm's cost to the program. It is shown, not judged: it is noisier.
+3. each pick's steady time relative to the best candidate (pick/best - 1) in the quiet and op conditions: the
+   pick holds when every cold run's pick is within 3% of the best in both; the picks agree when they are the
+   same candidate, or within 3% of each other in both conditions.
 
 Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset) and every library's threads = --threads.
 Prints a table and writes benchmarks/results/gemm_picks.json (gemm_picks-subset.json for other cases, or --output).
@@ -54,6 +61,10 @@ CASES: list[Case] = [("float32", s) for s in [(64, 64, 64), (512, 512, 512), (10
                     [("float64", (17, 2048, 64)), ("float64", (512, 512, 512))]
 QUICK: list[Case] = [("float32", (512, 512, 512)), ("float64", (17, 2048, 64))]
 TOLERANCE = 0.03  # a pick within this of the best candidate holds
+JUDGED = ("quiet", "op")  # the conditions a pick must hold in; "mixed" and "prog" are shown
+CONDITIONS = (*JUDGED, "mixed")
+OP_WARMUP = 5  # crowded calls before an op burst is timed: the hand-off tries each way once
+QUIET_CALLS = 10  # quiet calls before an op burst, whose quickest is the kernel's best time to the hand-off
 SETTLE_S = 0.15  # OpenBLAS's threads spin for 0.1-0.15 s after a call: the quiet condition waits that out
 KERNEL_PAUSE_S = 0.005  # the kernels' own pool spins for ~50 us
 MAX_BURST = 100
@@ -105,13 +116,15 @@ def candidates_for(dtype: str, shape: Shape, a: Any, b: Any, out: Any) -> list[d
         entry: dict[str, Any] = {"hash": choice.hash_key, "name": choice.name, "info": choice.info,
                                  "params": choice.params, "library": choice.is_extern}
         try:
-            call = op._prepare(choice, a, b, out).call  # the very call the op makes for a winner
+            prepared = op._prepare(choice, a, b, out)
+            call = prepared.call  # the very call the op makes for a winner
             out.fill(np.nan)
             call(1.0, 0.0, a, b, out, None)
             error = float(np.abs(out - expected).max()) / scale
             entry["error"] = error if error == error else float("inf")  # NaN: an element left unwritten
             entry["ok"] = entry["error"] < (1e-3 if dtype == "float32" else 1e-10)
             entry["call"] = call
+            entry["prepared"] = prepared
         except Exception as exc:  # a candidate that does not build is no pick either
             entry.update(ok=False, error=str(exc)[:200])
         found.append(entry)
@@ -125,12 +138,14 @@ def burst_size(call: Callable[[], None], burst_s: float) -> int:
     return max(2, min(MAX_BURST, round(burst_s / max(time.perf_counter() - started, 1e-7))))
 
 
-def timed_burst(call: Callable[[], None], before: Callable[[], None] | None, count: int) -> tuple[float, float]:
-    """(median call seconds, mean iteration seconds) over `count` iterations of `before` then `call`, after an
-    untimed one."""
-    if before is not None:
-        before()
-    call()
+def timed_burst(call: Callable[[], None], before: Callable[[], None] | None, count: int,
+                warmup: int = 1) -> tuple[float, float]:
+    """(median call seconds, mean iteration seconds) over `count` iterations of `before` then `call`, after
+    `warmup` untimed ones."""
+    for _ in range(warmup):
+        if before is not None:
+            before()
+        call()
     calls = []
     started = time.perf_counter()
     for _ in range(count):
@@ -161,16 +176,54 @@ def mixed_work(a: Any, b: Any, out: Any) -> Callable[[], None]:
     return work
 
 
+def op_registrations(dtype: str, a: Any, b: Any, out: Any, live: list[dict[str, Any]]) -> tuple[Any, list[Any]]:
+    """The C dispatcher, and for each candidate the arguments that register it as the layout's winner (with
+    numpy's tuned ratio over it from the cold run's records, as the op registers a winner)."""
+    from tuneforge.kernels.gemm import dispatch, op
+    from tuneforge.kernels.gemm.space import Problem
+
+    dispatch.load_in_background(op._gemm_python)
+    fast = dispatch.wait()
+    if fast is None:
+        raise SystemExit("the C dispatcher could not be built: the op condition needs it")
+    m, n, k = a.shape[0], b.shape[1], a.shape[1]
+    candidates = op.choices(Problem(m, n, k, dtype))
+    by_hash = {c.hash_key: c for c in candidates}
+    registrations = []
+    for e in live:
+        prepared = e["prepared"]
+        ratio = 0.0
+        if prepared.kind == dispatch.KERNEL:
+            ratio = op._library_ratio(op.op_name(0.0, None), [a, b, 1.0, 0.0, None, out], candidates,
+                                      by_hash[e["hash"]])
+        e["library_ratio"] = ratio
+        registrations.append((a, b, out, 0.0, None, "default", prepared.kind, prepared.call, prepared.address,
+                              prepared.params, ratio))
+    return fast, registrations
+
+
+def op_burst(fast: Any, registration: tuple[Any, ...], work: Callable[[], None], count: int) -> tuple[float, float]:
+    """An op burst (module docstring): the candidate registered afresh, its quiet calls, then the timed loop."""
+    a, b, out = registration[:3]
+    fast.register(*registration)
+    time.sleep(SETTLE_S)  # OpenBLAS's workers idle: the quiet calls teach the hand-off the kernel's best time
+    for _ in range(QUIET_CALLS):  # back to back: the first, after the pause, wakes the kernel's pool
+        fast.gemm(a, b, out, 1.0, 0.0, None, "default")
+    return timed_burst(lambda: fast.gemm(a, b, out, 1.0, 0.0, None, "default"), work, count, OP_WARMUP)
+
+
 def steady_child(dtype: str, shape: Shape, rounds: int, burst_s: float) -> dict[str, Any]:
-    """Every candidate timed side by side, quiet and mixed (module docstring)."""
+    """Every candidate timed side by side, quiet, through the op in the mixed loop, and bare in it (module
+    docstring)."""
     load = load_note()
     a, b, out = operands(dtype, shape)
     entries = candidates_for(dtype, shape, a, b, out)
     live = [e for e in entries if e["ok"]]
+    fast, registrations = op_registrations(dtype, a, b, out, live)
     calls = [(lambda c=e["call"]: c(1.0, 0.0, a, b, out, None)) for e in live]
     counts = [burst_size(call, burst_s) for call in calls]
     work = mixed_work(a, b, out)
-    samples: dict[str, list[list[float]]] = {name: [[] for _ in live] for name in ("quiet", "mixed", "loop")}
+    samples: dict[str, list[list[float]]] = {name: [[] for _ in live] for name in ("quiet", "op", "mixed", "loop")}
     base_loops: list[float] = []
     gc.disable()  # a collection inside one candidate's burst would be charged to it
     try:
@@ -182,19 +235,23 @@ def steady_child(dtype: str, shape: Shape, rounds: int, burst_s: float) -> dict[
                 time.sleep(SETTLE_S if live[i]["library"] else KERNEL_PAUSE_S)
             base_loops.append(timed_burst(lambda: None, work, max(counts))[1])
             for i in order:  # no pauses: the program would not pause either
-                call_s, loop_s = timed_burst(calls[i], work, counts[i])
-                samples["mixed"][i].append(call_s)
+                samples["mixed"][i].append(timed_burst(calls[i], work, counts[i])[0])
+            for i in order:
+                call_s, loop_s = op_burst(fast, registrations[i], work, counts[i])
+                samples["op"][i].append(call_s)
                 samples["loop"][i].append(loop_s - base_loops[-1])
     finally:
         gc.enable()
+        fast.clear()
     for i, e in enumerate(live):
         e["burst"] = counts[i]
-        for name in ("quiet", "mixed"):
+        for name in ("quiet", "op", "mixed"):
             e[f"{name}_us"] = statistics.median(samples[name][i]) * 1e6
             e[f"{name}_spread"] = spread(samples[name][i])
         e["prog_us"] = statistics.median(samples["loop"][i]) * 1e6
     for e in entries:
         e.pop("call", None)
+        e.pop("prepared", None)
     return {"blas": blas_report(), "load": load, "base_loop_us": statistics.median(base_loops) * 1e6,
             "candidates": entries}
 
@@ -251,7 +308,7 @@ def find(candidates: list[dict[str, Any]], pick: dict[str, Any]) -> dict[str, An
 
 def judge(dtype: str, shape: Shape, cold: list[dict[str, Any]], steady: dict[str, Any]) -> dict[str, Any]:
     timed = [c for c in steady["candidates"] if c.get("ok")]
-    best = {cond: min(timed, key=lambda c: float(c[f"{cond}_us"])) for cond in ("quiet", "mixed", "prog")}
+    best = {cond: min(timed, key=lambda c: float(c[f"{cond}_us"])) for cond in (*CONDITIONS, "prog")}
     picks = []
     for run in cold:
         entry = find(timed, run)
@@ -259,19 +316,19 @@ def judge(dtype: str, shape: Shape, cold: list[dict[str, Any]], steady: dict[str
                                "found": entry is not None}
         if entry is not None:
             row["info"] = entry["info"]
-            for cond in ("quiet", "mixed"):
+            for cond in CONDITIONS:
                 row[f"{cond}_rel"] = entry[f"{cond}_us"] / best[cond][f"{cond}_us"] - 1
             # prog is a difference of two loop times, near 0 or below for tiny kernels: a ratio of it means
             # nothing there, so it is kept as the extra microseconds per call over the cheapest candidate
             row["prog_extra_us"] = entry["prog_us"] - best["prog"]["prog_us"]
-            row["holds"] = row["quiet_rel"] <= TOLERANCE and row["mixed_rel"] <= TOLERANCE
+            row["holds"] = all(row[f"{cond}_rel"] <= TOLERANCE for cond in JUDGED)
         else:
             row["holds"] = False
         picks.append(row)
     return {"dtype": dtype, "shape": shape_text(shape), "candidates": steady["candidates"], "cold": cold,
             "picks": picks, "best": {cond: {"name": b["name"], "info": b["info"], f"{cond}_us": b[f"{cond}_us"]}
                                      for cond, b in best.items()},
-            "numpy": next(({f"{cond}_us": c[f"{cond}_us"] for cond in ("quiet", "mixed", "prog")}
+            "numpy": next(({f"{cond}_us": c[f"{cond}_us"] for cond in (*CONDITIONS, "prog")}
                            for c in timed if c["library"]), None),
             "holds": all(p["holds"] for p in picks), "agree": agree(picks, timed),
             "base_loop_us": steady["base_loop_us"], "blas": steady["blas"], "load": steady["load"]}
@@ -285,39 +342,39 @@ def agree(picks: list[dict[str, Any]], timed: list[dict[str, Any]]) -> bool:
     if any(c is None for c in chosen):
         return False
     return all(max(c[f"{cond}_us"] for c in chosen if c) / min(c[f"{cond}_us"] for c in chosen if c) - 1
-               <= TOLERANCE for cond in ("quiet", "mixed"))
+               <= TOLERANCE for cond in JUDGED)
 
 
 def format_table(result: dict[str, Any]) -> str:
     lines = [f"{result['threads']}T {result['rows'][0]['blas'] if result['rows'] else ''}",
              f"before: {result['load_before']}; after: {result['load_after']}",
-             f"{'dtype':8} {'shape':>14} {'cand':>4}  {'best quiet (us)':34} {'best mixed (us)':34} "
-             f"{'numpy q/m us':>13}  {'picks (count)':30} {'+quiet':>6} {'+mixed':>6} {'+prog us':>8} "
-             f"{'cold s':>9}  verdict"]
+             f"{'dtype':8} {'shape':>14} {'cand':>4}  {'best quiet (us)':28} {'best op (us)':28} "
+             f"{'best bare mixed (us)':28} {'numpy q/op/m us':>20}  {'picks (count)':30} {'+quiet':>6} {'+op':>6} "
+             f"{'+mixed':>6} {'+prog us':>8} {'cold s':>9}  verdict"]
     for r in result["rows"]:
         names: dict[str, int] = {}
         for p in r["picks"]:
             names[p["name"]] = names.get(p["name"], 0) + 1
         found = [p for p in r["picks"] if p["found"]]
-        worst = {cond: max((p[f"{cond}_rel"] for p in found), default=float("nan")) for cond in ("quiet", "mixed")}
+        worst = {cond: max((p[f"{cond}_rel"] for p in found), default=float("nan")) for cond in CONDITIONS}
         extra = max((p["prog_extra_us"] for p in found), default=float("nan"))
         colds = [p["cold_s"] for p in r["picks"]]
-        numpy = r["numpy"] or {"quiet_us": float("nan"), "mixed_us": float("nan")}
+        numpy = r["numpy"] or {f"{cond}_us": float("nan") for cond in CONDITIONS}
         verdict = ("holds" if r["holds"] else "FAILS") + (", agree" if r["agree"] else ", DISAGREE")
         lines.append(
-            f"{r['dtype']:8} {r['shape']:>14} {len(r['candidates']):4d}  {best_text(r['best']['quiet'], 'quiet'):34} "
-            f"{best_text(r['best']['mixed'], 'mixed'):34} {numpy['quiet_us']:6.1f}/{numpy['mixed_us']:6.1f}  "
-            f"{', '.join(f'{n} x{c}' for n, c in names.items()):30} {100 * worst['quiet']:5.1f}% "
-            f"{100 * worst['mixed']:5.1f}% {extra:8.1f} {statistics.median(colds):4.1f}/{max(colds):4.1f}  "
-            f"{verdict}")
+            f"{r['dtype']:8} {r['shape']:>14} {len(r['candidates']):4d}  "
+            + " ".join(f"{best_text(r['best'][cond], cond):28}" for cond in CONDITIONS)
+            + " " + "/".join(f"{numpy[f'{cond}_us']:6.1f}" for cond in CONDITIONS) + "  "
+            f"{', '.join(f'{n} x{c}' for n, c in names.items()):30} "
+            + " ".join(f"{100 * worst[cond]:5.1f}%" for cond in CONDITIONS)
+            + f" {extra:8.1f} {statistics.median(colds):4.1f}/{max(colds):4.1f}  {verdict}")
     bases = "/".join(f"{r['base_loop_us']:.0f}" for r in result["rows"])
-    lines.append(f"+quiet/+mixed: the worst cold pick's steady time over the best candidate's (pick holds: <= "
-                 f"{100 * TOLERANCE:.0f}% in both, on every cold run); +prog us: the worst pick's extra cost "
-                 f"to the mixed loop per call over the cheapest candidate's (loop time minus the loop without the "
-                 f"gemm, "
-                 f"base {bases} us; noisier, not judged); cold s: median/max "
-                 f"tuning time of the {result['cold_runs']} cold runs; agree: one pick, or picks within "
-                 f"{100 * TOLERANCE:.0f}% of each other")
+    lines.append(f"+quiet/+op/+mixed: the worst cold pick's steady time over the best candidate's (pick holds: <= "
+                 f"{100 * TOLERANCE:.0f}% quiet and through the op in the mixed loop, on every cold run; +mixed, the "
+                 f"bare kernel in that loop, is not judged); +prog us: the worst pick's extra cost to the op loop "
+                 f"per call over the cheapest candidate's (loop time minus the loop without the gemm, base {bases} "
+                 f"us; noisier, not judged); cold s: median/max tuning time of the {result['cold_runs']} cold runs; "
+                 f"agree: one pick, or picks within {100 * TOLERANCE:.0f}% of each other (quiet and op)")
     lines.append(f"picks hold on {sum(r['holds'] for r in result['rows'])} of {len(result['rows'])} cases, "
                  f"agree on {sum(r['agree'] for r in result['rows'])}")
     return "\n".join(lines)
@@ -325,7 +382,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def best_text(best: dict[str, Any], cond: str) -> str:
     name = best["name"].replace("tuneforge_gemm", "tf").replace("numpy_matmul", "numpy")
-    return f"{name} {best[f'{cond}_us']:.1f}"[:34]
+    return f"{name} {best[f'{cond}_us']:.1f}"[:28]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -102,3 +102,44 @@ def test_running_threads_take_the_kernels_plain_calls(tmp_path: Path) -> None:
     assert after_numpy >= 1 and 1 <= first <= 3, proc.stdout
     assert then > 0 and last == 0, proc.stdout
     assert accumulated == 0, proc.stdout
+
+
+_EXPLORING_CHILD = """
+import numpy as np
+import tuneforge
+from tuneforge.kernels.gemm import dispatch, op
+
+# A two-thread kernel whose tuning put numpy at 1000x its time: a guess no crowded call would ever test but for
+# the exploration (handoff.h's EXPLORE_EVERY), which makes every 64th crowded call the next way in turn.
+everything = op.choices
+op.choices = lambda problem, space="default", library="numpy": [
+    c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
+op._library_ratio = lambda *args: 1000.0
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((256, 256)), rng.standard_normal((256, 256))
+out = np.empty((256, 256))
+p, q, r = np.ones((64, 1024)), np.ones((1024, 64)), np.empty((64, 64))
+for _ in range(3):
+    tuneforge.gemm(a, b, out)
+fast = dispatch.wait(60)
+for _ in range(20):  # registered now; quiet calls teach the hand-off the kernel's best time
+    tuneforge.gemm(a, b, out)
+assert fast is not None and fast.size() == 1, fast
+before = fast.deferred()
+for _ in range(400):  # each call crowded by OpenBLAS's workers, spinning after the numpy matmul
+    np.matmul(p, q, out=r)
+    tuneforge.gemm(a, b, out)
+learned, = fast.handoff()
+np.testing.assert_allclose(out, a @ b, rtol=1e-10, atol=1e-9)
+print(fast.deferred() - before, learned["crowded"], learned["library_ns"], learned["library_ratio"])
+"""
+
+
+def test_a_way_guessed_slow_is_still_tried_now_and_then(tmp_path: Path) -> None:
+    """numpy, guessed 1000x slower than the kernel from the tuning, still makes some crowded calls (an exploration
+    every 64th), and what it took is learned: a way once thought slow is not written off for good."""
+    proc = run_python(_EXPLORING_CHILD, env={"TUNEFORGE_CACHE_DIR": str(tmp_path)}, timeout=300)
+    deferred, crowded, library_ns, ratio = proc.stdout.split()[-4:]
+    assert float(ratio) == 1000.0, proc.stdout
+    assert int(crowded) >= 192, proc.stdout  # the 64th crowded call explores numpy first (then one in 3)
+    assert int(deferred) >= 1 and int(library_ns) > 0, proc.stdout

@@ -69,9 +69,9 @@ uint64_t deferred_calls = 0;
 bool may_use_fewer(const Entry& e) { return !(e.params[0] == 0 && (e.params[4] & 1)); }
 
 // Notes a watched call's time (the entry is looked up again: the table may have changed during the call).
-void learn(const Key& key, GemmKernel kernel, tfhandoff::Plan planned, int64_t start, int64_t end) {
+void learn(const Key& key, GemmKernel kernel, tfhandoff::Plan planned, bool explored, int64_t start, int64_t end) {
     Entry* e = slot(key);
-    if (e->used && e->kernel == kernel) tfhandoff::learn(&e->handoff, planned, start, end);
+    if (e->used && e->kernel == kernel) tfhandoff::learn(&e->handoff, planned, explored, start, end);
 }
 
 int space_index(PyObject* space) {
@@ -200,8 +200,9 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const bool watched = entry.kind == KERNEL && entry.params[3] > 1 && plain;
     const int64_t start = watched ? tfhandoff::now_ns() : 0;
     int64_t threads = entry.params[3];
+    bool explored = false;
     const tfhandoff::Plan planned =
-        watched ? tfhandoff::plan(&slot(key)->handoff, threads, may_use_fewer(entry), start, &threads)
+        watched ? tfhandoff::plan(&slot(key)->handoff, threads, may_use_fewer(entry), start, &threads, &explored)
                 : tfhandoff::QUIET;
     if (watched && planned == tfhandoff::LIBRARY_TAKES) {
         ++deferred_calls;
@@ -211,7 +212,7 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
             Py_DECREF(returned);
             Py_INCREF(out);
             result = out;
-            learn(key, entry.kernel, planned, start, tfhandoff::now_ns());
+            learn(key, entry.kernel, planned, explored, start, tfhandoff::now_ns());
         }
     } else if (entry.kind == KERNEL) {
         const void* bias_data = bias == Py_None ? nullptr : PyArray_DATA((PyArrayObject*)bias);
@@ -226,7 +227,7 @@ PyObject* gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         entry.kernel(key.m, key.n, key.k, s[0] / item, s[1] / item, s[2] / item, s[3] / item, s[4] / item,
                     s[5] / item, p[0], p[1], p[2], threads, p[4], alpha, beta, a_data, b_data, c_data, bias_data);
         if (state != nullptr) PyEval_RestoreThread(state);
-        if (watched) learn(key, entry.kernel, planned, start, tfhandoff::now_ns());
+        if (watched) learn(key, entry.kernel, planned, explored, start, tfhandoff::now_ns());
         Py_INCREF(out);
         result = out;
     } else {
@@ -326,11 +327,12 @@ PyObject* handoff(PyObject*, PyObject*) {
     if (list == nullptr) return nullptr;
     for (const Entry& e : table) {
         if (!e.used || e.kind != KERNEL || e.params[3] < 2) continue;
-        PyObject* item = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}", "m", (long long)e.key.m, "n",
+        PyObject* item = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:L}", "m", (long long)e.key.m, "n",
                                        (long long)e.key.n, "k", (long long)e.key.k, "threads", (long long)e.params[3],
                                        "best_ns", (long long)e.handoff.best_ns, "contended_ns", (long long)e.handoff.contended_ns,
                                        "fewer_ns", (long long)e.handoff.fewer_ns, "library_ns", (long long)e.handoff.library_ns,
-                                       "window_ns", (long long)e.handoff.window_ns, "library_ratio", e.handoff.library_ratio);
+                                       "window_ns", (long long)e.handoff.window_ns, "library_ratio", e.handoff.library_ratio,
+                                       "crowded", (long long)e.handoff.crowded);
         if (item == nullptr || PyList_Append(list, item) != 0) {
             Py_XDECREF(item);
             Py_DECREF(list);

@@ -12,6 +12,7 @@ struct Handoff {
     int64_t library_ns;     // numpy.matmul's typical call made in its place (0: none yet)
     int64_t defer_until_ns, window_ns;
     double library_ratio;   // numpy's tuned time over the kernel's (0: not known)
+    int64_t crowded;        // crowded calls planned so far (EXPLORE_EVERY)
 };
 
 inline int64_t now_ns() { return tfbusy::now_ns(); }
@@ -28,6 +29,12 @@ inline int64_t now_ns() { return tfbusy::now_ns(); }
 // has numpy make them but for an echo every WINDOW_MAX.
 const int64_t WINDOW_MIN = 100000000, WINDOW_MAX = 10000000000;
 const double SPELL_SHARE = 0.5;      // busy for this share of the time since the previous look: the spell goes on
+// Every EXPLORE_EVERY-th crowded call is made the next way in turn (numpy, the kernel beside the running threads,
+// the kernel on the threads left free), whatever is expected of it. Without that a way once measured slow, or
+// guessed slow from a tuning ratio taken in a noisy moment, was never tried again: seen here, a 128^3 fp32 kernel
+// whose tuned ratio put numpy at 59 us kept its crowded calls at 44 us while numpy made them in 32-36. An explored
+// way that is slower costs one call in EXPLORE_EVERY (1-2% where it is twice as slow).
+const int64_t EXPLORE_EVERY = 64;
 int64_t library_echo_ns = 0;         // how long OpenBLAS's workers spin after a call (start_echo, measure_echo)
 int64_t library_end_ns = 0;          // when the last call handed to numpy ended
 int64_t last_look_ns = 0;            // when plan last looked at the other threads
@@ -88,7 +95,8 @@ enum Plan { QUIET, CONTENDED, FEWER, LIBRARY_TAKES };
 // the kernel on all its threads when no other thread crowds them; else the fastest of the kernel beside the
 // running threads, the kernel on the threads they leave free (`threads` is set; only if `may_use_fewer`: the
 // result must not change), and numpy. Called with the GIL held, as is learn.
-inline Plan plan(Handoff* e, int64_t tuned, bool may_use_fewer, int64_t now, int64_t* threads) {
+inline Plan plan(Handoff* e, int64_t tuned, bool may_use_fewer, int64_t now, int64_t* threads, bool* explored) {
+    *explored = false;
     if (now < e->defer_until_ns) return LIBRARY_TAKES;
     measure_echo(now);
     double share;  // how busy the running threads were since the previous look
@@ -101,13 +109,24 @@ inline Plan plan(Handoff* e, int64_t tuned, bool may_use_fewer, int64_t now, int
         return QUIET;
     }
     if (e->best_ns == 0) return CONTENDED;  // nothing to compare with yet
+    const int64_t left_free = free_cpus > 1 ? free_cpus : 1;
+    // numpy's calls made here keep its workers spinning: within an echo of the last, they are no evidence
+    const bool echo = library_end_ns != 0 && now - library_end_ns < library_echo_ns;
+    if (++e->crowded % EXPLORE_EVERY == 0) {
+        const Plan ways[3] = {LIBRARY_TAKES, CONTENDED, FEWER};
+        const Plan way = ways[(e->crowded / EXPLORE_EVERY - 1) % 3];
+        // numpy not within an echo (its call would prolong the spin), and for one call only: no window
+        if ((way != LIBRARY_TAKES || !echo) && (way != FEWER || may_use_fewer)) {
+            *explored = true;
+            *threads = way == FEWER ? left_free : tuned;
+            return way;
+        }
+    }
     const Expected x = expected(*e);
     const bool fewer = may_use_fewer && x.fewer < x.contended;
-    *threads = fewer ? (free_cpus > 1 ? free_cpus : 1) : tuned;
+    *threads = fewer ? left_free : tuned;
     const Plan kernel = fewer ? FEWER : CONTENDED;
-    // numpy's calls made here keep its workers spinning: within an echo of the last, they are no evidence
-    if ((library_end_ns != 0 && now - library_end_ns < library_echo_ns) || (fewer ? x.fewer : x.contended) <= x.library)
-        return kernel;
+    if (echo || (fewer ? x.fewer : x.contended) <= x.library) return kernel;
     // Looked at moments ago, or busy all along since: the same spell of numpy work goes on, give numpy a longer
     // window. Mostly idle for longer than an echo: a new spell, which may be a single call.
     const bool goes_on = e->window_ns != 0 && (since_look < library_echo_ns || share >= SPELL_SHARE);
@@ -116,19 +135,18 @@ inline Plan plan(Handoff* e, int64_t tuned, bool may_use_fewer, int64_t now, int
     return LIBRARY_TAKES;
 }
 
-// Notes the time of a call made as `planned` (started at `start`, ended at `end`).
-inline void learn(Handoff* e, Plan planned, int64_t start, int64_t end) {
+// Notes the time of a call made as `planned` (started at `start`, ended at `end`); an `explored` way's figure is
+// old news by then, and the new time counts for half of it.
+inline void learn(Handoff* e, Plan planned, bool explored, int64_t start, int64_t end) {
     const int64_t took = end - start;
-    if (planned == QUIET) {
+    int64_t* figure = planned == CONTENDED ? &e->contended_ns : planned == FEWER ? &e->fewer_ns
+                    : planned == LIBRARY_TAKES ? &e->library_ns : nullptr;
+    if (figure == nullptr) {
         if (e->best_ns == 0 || took < e->best_ns) e->best_ns = took;
-    } else if (planned == CONTENDED) {
-        e->contended_ns = typical(e->contended_ns, took);
-    } else if (planned == FEWER) {
-        e->fewer_ns = typical(e->fewer_ns, took);
-    } else {
-        e->library_ns = typical(e->library_ns, took);
-        library_end_ns = end;
+        return;
     }
+    *figure = explored && *figure != 0 ? (*figure + took) / 2 : typical(*figure, took);
+    if (planned == LIBRARY_TAKES) library_end_ns = end;
 }
 
 }  // namespace tfhandoff
