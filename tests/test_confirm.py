@@ -222,6 +222,28 @@ def test_many_choices_are_screened_and_only_contenders_timed_fully(tuning: Path)
         assert "+screened" not in records[name].method and records[name].count >= 20, records[name]
 
 
+def test_at_most_four_contenders_are_timed_fully(tuning: Path) -> None:
+    """Nine choices all within the screen ratio of the fastest: only the four the brief timing found fastest are
+    timed again with the full budget (trials.SCREEN_KEEP)."""
+    def make(name: str, seconds: float) -> Choice:
+        def run(a: Any, b: Any, out: Any) -> None:
+            spin(seconds)
+            np.add(a, b, out=out)
+
+        return ExternChoice(run, name=name)
+
+    fast = {"c0": 0.0005, "c1": 0.00055, "c2": 0.0006, "c3": 0.00065}
+    slower = {f"s{i}": 0.0008 + 0.00005 * i for i in range(5)}
+    choices = [make(name, t) for name, t in [*slower.items(), *fast.items()]]  # the fastest last
+    with config.patch(autotune_bench_time_s=0.02, autotune_min_repeats=3, autotune_confirm_margin=0.0,
+                      autotune_screen_ratio=3.0):
+        selection = select_detailed("kept", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert selection.choice.name == "c0"
+    assert all("+screened" not in records[name].method for name in fast), records
+    assert all("+screened" in records[name].method for name in slower), records
+
+
 def test_screening_is_off_with_a_ratio_of_zero_or_few_choices(tuning: Path) -> None:
     def run(a: Any, b: Any, out: Any) -> None:
         np.add(a, b, out=out)

@@ -153,8 +153,11 @@ def test_example_input_has_exactly_the_spec_layout(spec: TensorSpec) -> None:
 
 
 def test_example_values_by_dtype() -> None:
-    floats = example_input(TensorSpec.contiguous((2000,)), seed=1)
-    assert abs(float(floats.mean())) < 0.2 and 0.8 < float(floats.std()) < 1.2
+    for dtype in ("float32", "float64", "float16"):
+        floats = example_input(TensorSpec.contiguous((2000,), dtype), seed=1)
+        assert floats.dtype == np.dtype(dtype)
+        assert abs(float(floats.mean())) < 0.2 and 0.8 < float(floats.std()) < 1.2, dtype
+        assert len(np.unique(floats)) > 1000, dtype  # drawn, not tiled
     ints = example_input(TensorSpec.contiguous((2000,), "int32"))
     assert ints.min() == -8 and ints.max() == 8
     uints = example_input(TensorSpec.contiguous((2000,), "uint16"))

@@ -302,8 +302,10 @@ CALIBRATION_MAX = 1.25  # estimates are scaled by at most this much either way (
 # Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices on the CPU, each is first timed for
 # SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. The GEMV
 # and skinny GEMM spaces have 13-23 choices, most of them clearly slower: timing each fully made most of a cold
-# tuning. Fewer choices gain little, and each contender is timed twice.
-SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS = 8, 0.2, 3
+# tuning. Fewer choices gain little, and each contender is timed twice. At most SCREEN_KEEP contenders, the
+# fastest: a memory-bound GEMV's choices are all within the ratio (1x4096x4096 fp64: 10 of 13, 1.3 s of its 4.3 s
+# cold tuning re-timing them), and those the brief timing put fifth or later are rarely more than noise ahead.
+SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS, SCREEN_KEEP = 8, 0.2, 3, 4
 
 
 def _screen_budget(trials: Trials, count: int) -> float | None:
@@ -313,7 +315,8 @@ def _screen_budget(trials: Trials, count: int) -> float | None:
 
 
 def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str) -> list[int]:
-    """Positions in `results` of the screened choices within autotune.screen_ratio of the fastest."""
+    """Positions in `results` of the screened choices within autotune.screen_ratio of the fastest, at most
+    SCREEN_KEEP of them, the fastest first."""
     timed = [(pos, t) for pos, (_, _, record) in enumerate(results)
              if record.status == "ok" and "+screened" in record.method and "+abandoned" not in record.method
              and (t := record.time(statistic)) is not None]
@@ -321,7 +324,7 @@ def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str) -
         return []
     best = min(t for _, t in timed)
     ratio = config.get_float("autotune.screen_ratio")
-    return [pos for pos, t in timed if t <= best * ratio]
+    return [pos for t, pos in sorted((t, pos) for pos, t in timed if t <= best * ratio)[:SCREEN_KEEP]]
 
 
 def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
