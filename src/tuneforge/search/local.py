@@ -1,0 +1,108 @@
+"""Coordinate descent: from a start, move one parameter at a time to a better neighbour, until none is.
+
+Each step proposes every untried neighbour of the current point at once (one parameter `radius` steps along
+its values; a batch that builds and times in parallel), then moves to the best of them when it beats the
+current point by more than `threshold` (relative): noise smaller than that must not walk the search about.
+At a local optimum it restarts (with `restarts`) from the best untried start it has, else from a fresh
+random point, until the space or the budget is spent.
+
+Where it starts: `start` (a heuristic default, as a kernel family knows one), else the best of `initial`
+random samples (the default strategy takes a few: one start is a gamble on a rugged space).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tuneforge.search.space import Config, Space, SpaceError
+from tuneforge.search.strategy import FAILED, Strategy, register
+
+
+class CoordinateDescent(Strategy):
+    name = "coordinate_descent"
+
+    def __init__(self, space: Space, seed: int = 0, *, start: Mapping[str, Any] | None = None, initial: int = 0,
+                 radius: int = 1, threshold: float = 0.01, restarts: bool = True) -> None:
+        super().__init__(space, seed)
+        if radius < 1 or threshold < 0 or initial < 0:
+            raise ValueError("coordinate_descent needs radius >= 1, threshold >= 0 and initial >= 0")
+        if start is not None:
+            problem = space.problem(start)
+            if problem is not None:
+                raise SpaceError(f"coordinate_descent: the start {dict(start)} is not in the space: {problem}")
+        self.radius, self.threshold, self.restarts = radius, threshold, restarts
+        self._starts: list[Config] = [dict(start)] if start is not None else []
+        self._initial = initial if start is not None else max(1, initial)
+        self._queue: list[Config] = []  # decided, not asked yet
+        self._center: Config | None = None
+        self._step: list[Config] | None = None  # the center's neighbourhood, once proposed
+        self.optima: list[Config] = []  # local optima reached, in order
+
+    def _propose(self, n: int) -> list[Config]:
+        proposed: list[Config] = []
+        while len(proposed) < n:
+            if self._queue:
+                proposed.append(self._queue.pop(0))
+            elif self.pending or proposed or not self._decide():
+                break  # the next decision needs costs not told yet, or the search is over
+        return proposed
+
+    def _cost(self, config: Config) -> float:
+        return self.costs.get(self.space.key(config), FAILED)
+
+    def _decide(self) -> bool:
+        """With every proposal told: queue what comes next; False when nothing does."""
+        if self._initial:
+            self._queue = self.space.sample(self.rng, self._initial, self.exclude())
+            self._starts.extend(self._queue)
+            self._initial = 0
+            if self._queue:
+                return True
+        while True:
+            if self._center is None:
+                self._center = self._next_start()
+                if self._center is None:
+                    return False
+                if not self.seen(self._center):
+                    self._queue = [self._center]
+                    return True
+            if self._step is None:
+                self._step = self.space.neighbours(self._center, self.radius)
+                self._queue = [c for c in self._step if not self.seen(c)]
+                if self._queue:
+                    return True
+            better = min(self._step, key=self._cost, default=None)
+            if better is not None and self._cost(better) < self._cost(self._center) * (1 - self.threshold):
+                self._center, self._step = better, None
+                continue
+            self.optima.append(self._center)
+            self._center = self._step = None
+            if not self.restarts:
+                return False
+
+    def _next_start(self) -> Config | None:
+        """The best start not yet descended from (timed ones first), else a fresh random configuration."""
+        done = {self.space.key(c) for c in self.optima}
+        self._starts = sorted((c for c in self._starts if self.space.key(c) not in done), key=self._cost)
+        if self._starts:
+            return self._starts.pop(0)
+        fresh = self.space.sample(self.rng, 1, self.exclude())
+        return fresh[0] if fresh else None
+
+
+register("coordinate_descent", CoordinateDescent)
+
+# The default strategy's random samples before its first descent: a handful costs little next to a descent
+# (2 x parameters neighbours a step), and starting from the best of them avoids the worst basins.
+DEFAULT_INITIAL = 6
+
+
+def default(space: Space, seed: int = 0, **options: Any) -> CoordinateDescent:
+    """The default strategy: coordinate descent from the best of a few random samples, restarting at local
+    optima until the budget is spent."""
+    options.setdefault("initial", DEFAULT_INITIAL)
+    return CoordinateDescent(space, seed, **options)
+
+
+register("default", default)
