@@ -15,15 +15,18 @@ from tuneforge.errors import CompileError, ConfigError, NoValidChoicesError, Tem
 if TYPE_CHECKING:
     from tuneforge import cpp, cuda, python
     from tuneforge.kernels.gemm import gemm
+    from tuneforge.search import Budget, Space
     from tuneforge.store.shipped import load_bundle
     from tuneforge.tune.autotune import autotune
     from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
+    from tuneforge.tune.searched import SearchPlan
     from tuneforge.tune.select import Selection, select, select_detailed
     from tuneforge.tune.specs import TensorSpec
     from tuneforge.tune.template import KernelTemplate
     from tuneforge.tune.triton_template import TritonConfig, TritonTemplate
 
 __all__ = [
+    "Budget",
     "CallableChoice",
     "Choice",
     "CompileError",
@@ -31,7 +34,9 @@ __all__ = [
     "ExternChoice",
     "KernelTemplate",
     "NoValidChoicesError",
+    "SearchPlan",
     "Selection",
+    "Space",
     "TemplateError",
     "TensorSpec",
     "TritonConfig",
@@ -58,7 +63,8 @@ _LAZY_NAMES = {
     "select_detailed": "tuneforge.tune.select", "TensorSpec": "tuneforge.tune.specs",
     "KernelTemplate": "tuneforge.tune.template", "gemm": "tuneforge.kernels.gemm",
     "load_bundle": "tuneforge.store.shipped", "TritonTemplate": "tuneforge.tune.triton_template",
-    "TritonConfig": "tuneforge.tune.triton_template",
+    "TritonConfig": "tuneforge.tune.triton_template", "Budget": "tuneforge.search", "Space": "tuneforge.search",
+    "SearchPlan": "tuneforge.tune.searched",
 }
 
 

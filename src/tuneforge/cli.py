@@ -245,7 +245,14 @@ def _check_example_memory(what: str, specs: list[Any]) -> None:
 @click.option("--space", type=click.Choice(["default", "exhaustive"]), default="default", show_default=True,
               help="Candidate configurations to benchmark.")
 @click.option("--force", is_flag=True, help="Re-benchmark even when records exist.")
-def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: str, force: bool) -> None:
+@click.option("--strategy", default=None, metavar="NAME",
+              help="Time only what this search strategy asks for (default, coordinate_descent, genetic, random, "
+                   "model, exhaustive); without it, every candidate is timed.")
+@click.option("--budget", default=None, metavar="LIMITS",
+              help="The search's limits: a count (100), a share of the space (15%), seconds (30s), patience=N; "
+                   "implies --strategy default. Default with --strategy: 15%,patience=40.")
+def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: str, force: bool,
+         strategy: str | None, budget: str | None) -> None:
     """Tune a shipped op for one shape and print the AUTOTUNE table.
 
     gemm: the tuned GEMM family (C = A @ B) against numpy.matmul (or, with --device cuda, the Triton
@@ -257,6 +264,7 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: s
     from tuneforge.tune.specs import TensorSpec
 
     m, n, k = shape
+    plan = _search_plan(strategy, budget)
     reference = None
     sample = None  # rank on a sample of the problem (gemm on the CPU, large shapes)
     if device == "cuda":
@@ -282,7 +290,7 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: s
         candidates = family.choices(dtype, space)
     started = time.perf_counter()
     with config.patch(autotune_verbose=True, autotune_force=force or config.get_bool("autotune.force")):
-        selection = select_detailed(op, candidates, specs, out=out, reference=reference, sample=sample)
+        selection = select_detailed(op, candidates, specs, out=out, reference=reference, sample=sample, strategy=plan)
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
         from tuneforge.tune.report import format_table
@@ -295,6 +303,22 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: s
     where = " cuda" if device == "cuda" else ""
     click.echo(f"{op} {m}x{n}x{k} {dtype}{where}: {selection.choice.name}{params}{timing}{flops}; "
                f"decided from {selection.source} in {elapsed:.2f} s")
+
+
+def _search_plan(strategy: str | None, budget: str | None) -> Any:
+    """The SearchPlan of --strategy/--budget (None: time every candidate); a bad value names its option."""
+    if strategy is None and budget is None:
+        return None
+    from tuneforge.search.strategy import names
+    from tuneforge.tune.searched import SearchPlan
+
+    if strategy is not None and strategy not in names():
+        raise click.BadParameter(f"unknown search strategy {strategy!r}: choose one of {', '.join(names())}",
+                                 param_hint="--strategy")
+    try:
+        return SearchPlan.of(strategy or "default", budget)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--budget") from None
 
 
 def _cuda_problem(op: str, shape: tuple[int, int, int], dtype: str, space: str) -> tuple[Any, Any, Any, Any]:

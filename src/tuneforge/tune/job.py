@@ -44,6 +44,9 @@ class TrialJob:
     inputs_text: str = ""
     live_args: list[Any] | None = None
     sample: RowSample | None = None  # rank the choices on a sample of the problem (sample.py)
+    # Keep the example inputs and the reference's outputs where the trials ran, for the next job of this key (a
+    # search measures in batches: each would otherwise make its inputs and run its reference again)
+    keep_inputs: bool = field(default=False, compare=False)
     # "cpu" or "cuda:N": where the trials run and how they are timed (see device.py). Derived from the
     # specs (or the live arguments) once, here, so arguments on two GPUs fail when the job is made.
     device: str = field(init=False, default="cpu", compare=False)

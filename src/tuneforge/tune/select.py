@@ -15,6 +15,7 @@ warning and nothing recorded. A failing reference is the caller's to fix and rai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,9 +34,11 @@ from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.sample import SAMPLED, RowSample
+from tuneforge.tune.searched import SearchPlan, finished, search_candidates
 from tuneforge.tune.specs import TensorSpec, key_of
 
 if TYPE_CHECKING:
+    from tuneforge.search import Budget
     from tuneforge.tune.measure import Outcome
     from tuneforge.tune.report import Row, SelectionReport
 
@@ -122,7 +125,8 @@ def _rows(candidates: Sequence[Choice], records: Mapping[str, Record], statistic
 def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
            reference: Choice | Callable[..., Any] | None = None,
            generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
-           atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None) -> Choice:
+           atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None,
+           strategy: str | SearchPlan | None = None, budget: Budget | str | None = None) -> Choice:
     """Return the fastest valid choice for inputs shaped like `inputs`; call it as ``choice(*inputs, out)``.
 
     `inputs` are arrays (only their specs are used: benchmarking runs on generated example inputs,
@@ -132,20 +136,26 @@ def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: 
     must hold valid values (indices). With `accumulate`, the output's initial contents matter (``C +=``).
     With `sample` (a RowSample), choices are checked and timed on the first rows of the arguments it names,
     and the fastest on the whole problem (see tune/sample.py): for problems whose every run is long.
+    With `strategy` (a name from tuneforge.search, or a SearchPlan) or a `budget` ("15%", "100", "30s",
+    "patience=20", or a search.Budget), only the configurations a search strategy asks for are timed
+    (tune/searched.py); library calls always are.
     """
     return select_detailed(name, choices, inputs, out=out, reference=reference, generators=generators,
-                           rtol=rtol, atol=atol, accumulate=accumulate, sample=sample).choice
+                           rtol=rtol, atol=atol, accumulate=accumulate, sample=sample, strategy=strategy,
+                           budget=budget).choice
 
 
 def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
                     reference: Choice | Callable[..., Any] | None = None,
                     generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
-                    atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None) -> Selection:
+                    atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None,
+                    strategy: str | SearchPlan | None = None, budget: Budget | str | None = None) -> Selection:
     """select(), returning the whole decision (key, source, records, what was benchmarked)."""
     candidates = dedupe(list(choices))
     if not candidates:
         raise NoValidChoicesError(f"select({name!r}) got no choices: pass at least one (an ExternChoice "
                                   "of the library call makes a good fallback)")
+    plan = None if strategy is None and budget is None else SearchPlan.of(strategy or "default", budget)
     ref = reference if reference is None or isinstance(reference, Choice) else ExternChoice(reference)
     ref = ref or next((c for c in candidates if c.is_extern), None)
     arg_specs = [_spec_or_value(x) for x in inputs]
@@ -172,7 +182,7 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
                         generators=dict(generators or {}), rtol=rtol, atol=atol, poison_outputs=not accumulate,
                         inputs_text=", ".join(described), sample=sample)
 
-    return decide(name, key, candidates, ref, workload, sizes=sizes, described=described)
+    return decide(name, key, candidates, ref, workload, sizes=sizes, described=described, search=plan)
 
 
 def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:
@@ -189,8 +199,10 @@ def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:
 
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
-           workload: Callable[[], TrialJob], *, sizes: list[str], described: list[str]) -> Selection:
-    """The shared core of select() and @autotune: memo -> record tiers -> measure what is missing -> choose."""
+           workload: Callable[[], TrialJob], *, sizes: list[str], described: list[str],
+           search: SearchPlan | None = None) -> Selection:
+    """The shared core of select() and @autotune: memo -> record tiers -> measure what is missing (or what a
+    `search` asks for, unless these records hold its end) -> choose."""
     if len(candidates) == 1:
         return Selection(_ready(candidates[0]), key, "single")
     force = config.get_bool("autotune.force")
@@ -206,11 +218,11 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     if found.nearest is not None:
         log.info("%s(%s): no record; using the decision for the nearest tuned shape %s from a bundle",
                  name, ", ".join(sizes), found.nearest[1].inputs)
-    elif found.missing(candidates) and config.get_bool("autotune.cache_only"):
+    elif _incomplete(found, candidates, search) and config.get_bool("autotune.cache_only"):
         found.source = "cache_only"
-    elif found.missing(candidates):
+    elif _incomplete(found, candidates, search):
         try:
-            _measure_missing(name, key, candidates, reference, job, found, force)
+            _measure_missing(name, key, candidates, reference, job, found, force, search)
         except _MachineryFailed as failed:
             return _degraded(name, sizes, key, candidates, failed.cause)
     winner, source = _choose(name, sizes, candidates, found, statistic)
@@ -261,30 +273,64 @@ def _recall(name: str, key: str, candidates: Sequence[Choice], job: TrialJob, st
 
 
 def _measure_missing(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None, job: TrialJob,
-                     found: _Found, force: bool) -> None:
-    """Measure the candidates without a record under the selection lock, committing each record as it comes."""
-    from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
-
+                     found: _Found, force: bool, search: SearchPlan | None = None) -> None:
+    """Measure the candidates without a record under the selection lock, committing each record as it comes;
+    with a `search`, only those its strategy asks for (tune/searched.py)."""
     with _measuring(name, key):
         if not force:  # another process may have measured them while this one waited for the lock
             again = record_tiers.local(key, {c.hash_key for c in found.missing(candidates)})
             if again:
                 found.records.update(again)
                 found.source = "records"
-        missing = found.missing(candidates)
-        if not missing:
+        if search is not None:
+            def measure_some(choices: Sequence[Choice], keep_inputs: bool) -> None:
+                _measure_batch(key, choices, reference, job, found, keep_inputs)
+
+            marked = search_candidates(search, candidates, found.records, measure_some,
+                                       config.get_str("autotune.statistic"))
+            if marked is not None:
+                with record_tiers.committing(key) as commit:
+                    commit(marked)
             return
-        with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
-            try:
-                outcome = measure(job, missing, reference, on_record=commit)
-            except (NoValidChoicesError, ConfigError, DeviceContextLost):
-                raise  # the caller's to fix: a failing reference, a bad setting, a broken CUDA context
-            except Exception as exc:  # the tuning machinery failed (memory, worker), not a candidate
-                raise _MachineryFailed(exc) from exc
-        found.records.update({r.choice: r for r in outcome.records})
-        found.measured = {c.hash_key for c in missing}
-        found.benchmarked = [c.name for c in missing if found.records[c.hash_key].status == "ok"]
-        found.outcome, found.source = outcome, "tuned"
+        missing = found.missing(candidates)
+        if missing:
+            _measure_batch(key, missing, reference, job, found)
+
+
+def _measure_batch(key: str, choices: Sequence[Choice], reference: Choice | None, job: TrialJob, found: _Found,
+                   keep_inputs: bool = False) -> None:
+    """Measure `choices` (recorded or not), adding their records and figures to `found`. `keep_inputs`: the
+    benchmark worker keeps the example inputs and the reference's outputs for the next batch of this key."""
+    from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
+
+    if keep_inputs or job.keep_inputs:
+        job = dataclasses.replace(job, keep_inputs=keep_inputs)
+    with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
+        try:
+            outcome = measure(job, choices, reference, on_record=commit)
+        except (NoValidChoicesError, ConfigError, DeviceContextLost):
+            raise  # the caller's to fix: a failing reference, a bad setting, a broken CUDA context
+        except Exception as exc:  # the tuning machinery failed (memory, worker), not a candidate
+            raise _MachineryFailed(exc) from exc
+    found.records.update({r.choice: r for r in outcome.records})
+    found.measured |= {c.hash_key for c in choices}
+    found.benchmarked += [c.name for c in choices if c.hash_key in found.records
+                          and found.records[c.hash_key].status == "ok" and c.name not in found.benchmarked]
+    if found.outcome is None:
+        found.outcome = outcome
+    else:  # a search measures in batches: the report shows their sums
+        found.outcome.build_s += outcome.build_s
+        found.outcome.verify_s += outcome.verify_s
+        found.outcome.bench_s += outcome.bench_s
+        found.outcome.isolated |= outcome.isolated
+    found.source = "tuned"
+
+
+def _incomplete(found: _Found, candidates: Sequence[Choice], search: SearchPlan | None) -> bool:
+    """Whether there is measuring to do: candidates lack records, and no finished `search` covers them."""
+    if not found.missing(candidates):
+        return False
+    return search is None or not finished(search, candidates, found.records)
 
 
 class _MachineryFailed(Exception):

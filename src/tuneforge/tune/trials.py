@@ -270,13 +270,44 @@ class Trials:
         return DeviceContextLost(culprit, self.lost, resume_at, total, verify_s=self.verify_s, bench_s=self.bench_s)
 
 
+_kept: Trials | None = None  # the last job's, when it asked to keep its inputs (TrialJob.keep_inputs)
+
+
+def _same_inputs(kept: TrialJob, job: TrialJob) -> bool:
+    return (kept.key, kept.arg_specs, kept.out_spec, kept.outputs, kept.sample, kept.rtol, kept.atol,
+            kept.poison_outputs, dict(kept.generators)) == \
+        (job.key, job.arg_specs, job.out_spec, job.outputs, job.sample, job.rtol, job.atol, job.poison_outputs,
+         dict(job.generators))
+
+
+def _trials_for(job: TrialJob, reference: Choice | None) -> Trials | None:
+    """The kept trials of an earlier batch of this very job (same inputs, same reference), else None."""
+    global _kept
+    kept, _kept = _kept, None  # released whatever comes: a job of another key must not keep them alive
+    if kept is None or job.live_args is not None or kept.lost is not None or kept.reference_error is not None:
+        return None
+    same_reference = (reference is None) == (kept.reference is None) and \
+        (reference is None or kept.reference is None or reference.hash_key == kept.reference.hash_key)
+    if not same_reference or not _same_inputs(kept.job, job):
+        return None
+    kept.job = job
+    kept.reference = reference  # its record is this batch's to make, if it is among the choices
+    kept.verify_s = kept.bench_s = 0.0  # each batch reports its own
+    return kept
+
+
 def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
                emit: Callable[[Event], None]) -> None:
     """Run every trial, reporting each event as it happens (the worker streams them to the parent)."""
-    trials = Trials(job, job.materialize())
-    # The parent of a worker that dies from here on blames the reference, not the machinery (see runner).
-    emit(InputsReady(Trials.checks_with(reference)))
-    trials.run_reference(reference)
+    global _kept
+    trials = _trials_for(job, reference)
+    if trials is None:
+        trials = Trials(job, job.materialize())
+        # The parent of a worker that dies from here on blames the reference, not the machinery (see runner).
+        emit(InputsReady(Trials.checks_with(reference)))
+        trials.run_reference(reference)
+    else:
+        emit(InputsReady(False))
     emit(ReferenceRan(trials.reference_error))
     try:
         if trials.reference_error is not None:
@@ -290,6 +321,8 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
             _run_all(trials, choices, emit)
     finally:
         trials.finish()
+    if job.keep_inputs and job.live_args is None and trials.lost is None:
+        _kept = trials
     emit(TrialsDone(trials.verify_s, trials.bench_s))
 
 

@@ -1,0 +1,153 @@
+"""A selection that times part of its candidates: a search strategy picks which (select(..., strategy=)).
+
+The candidates with parameters (template configurations) make the search space, `Space.from_points` of their
+parameters; the others (library calls) are always timed, in the first batch. The strategy asks for batches,
+each built in parallel and timed in one worker job (which keeps its example inputs and reference outputs for
+the next batch); configurations with a record already cost nothing. When the budget is spent the fastest few
+(`finalists`) and the fastest library call are timed again side by side in one job, so that the pick does not
+hang on timings taken minutes apart; then the search is marked done on the winner's record, and a later process
+with the same candidates, strategy and budget decides from the records without searching again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneforge import config
+from tuneforge.search import Budget, Space, make, search
+from tuneforge.search.driver import Prune
+from tuneforge.store.records import Record
+from tuneforge.tune.choices import Choice
+
+log = logging.getLogger("tuneforge.tune")
+
+MeasureSome = Callable[[Sequence[Choice], bool], None]  # (choices, keep the inputs for another batch)
+SEARCH_INFO = "search"  # the winner's record's info key: the identity of the finished search
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """How a selection searches its candidates: the strategy and its options, the budget (default
+    DEFAULT_BUDGET), an optional prune hook, the batch size (configurations built and timed together) and how
+    many finalists are re-timed side by side."""
+
+    strategy: str = "default"
+    budget: Budget | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    prune: Prune | None = None
+    batch: int = 8
+    finalists: int = 3
+
+    @classmethod
+    def of(cls, strategy: str | SearchPlan, budget: Budget | str | None) -> SearchPlan:
+        if isinstance(strategy, SearchPlan):
+            return strategy if budget is None else dataclasses.replace(strategy, budget=_budget(budget))
+        return cls(strategy, _budget(budget))
+
+    def identity(self, candidates: Sequence[Choice]) -> str:
+        """What a finished search of these candidates is known by: the candidates, strategy, options, budget and
+        seed (the prune hook is code: its name stands for it)."""
+        text = json.dumps([sorted(c.hash_key for c in candidates), self.strategy, repr(sorted(self.options.items())),
+                           self.effective_budget().describe(), config.get_int("autotune.seed"),
+                           getattr(self.prune, "__qualname__", None), self.finalists])
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def effective_budget(self) -> Budget:
+        return self.budget if self.budget is not None else DEFAULT_BUDGET
+
+
+# Without a budget: at most a sixth of the space, and no more than 40 evaluations past the last new best.
+DEFAULT_BUDGET = Budget(fraction=0.15, patience=40)
+
+
+def _budget(budget: Budget | str | None) -> Budget | None:
+    return Budget.parse(budget) if isinstance(budget, str) else budget
+
+
+def finished(plan: SearchPlan, candidates: Sequence[Choice], records: Mapping[str, Record]) -> bool:
+    """Whether these records hold a finished search of `plan` over `candidates`."""
+    identity = plan.identity(candidates)
+    return any(r.info.get(SEARCH_INFO) == identity for r in records.values())
+
+
+def search_candidates(plan: SearchPlan, candidates: Sequence[Choice], records: dict[str, Record],
+                      measure_some: MeasureSome, statistic: str) -> Record | None:
+    """Search `candidates` with `plan`; `measure_some` records what it measures into `records`. Returns the
+    winner's record, marked as the end of this search (for the caller to store), or None when none ran ok."""
+    configured = [c for c in candidates if not c.is_extern and c.params]
+    always = [c for c in candidates if c not in configured]
+    points = [_point(c) for c in configured]
+    if len({json.dumps(sorted(p.items()), default=str) for p in points}) < len(points):
+        points = [{**p, "_choice": i} for i, p in enumerate(points)]  # same parameters, other code: keep apart
+    if len(configured) < 2:
+        missing = [c for c in candidates if c.hash_key not in records]
+        if missing:
+            measure_some(missing, False)
+        return _mark(plan, candidates, records, statistic)
+    space = Space.from_points(points)
+    by_key = {space.key(p): c for p, c in zip(points, configured, strict=True)}
+    strategy = make(plan.strategy, space, seed=config.get_int("autotune.seed"), **dict(plan.options))
+    first = [c for c in always if c.hash_key not in records]
+
+    def evaluate(configs: list[dict[str, Any]]) -> list[float | None]:
+        nonlocal first
+        chosen = [by_key[space.key(p)] for p in configs]
+        todo, first = first + [c for c in chosen if c.hash_key not in records], []
+        if todo:
+            measure_some(todo, True)
+        return [_cost(records.get(c.hash_key), statistic) for c in chosen]
+
+    result = search(space, strategy, evaluate, plan.effective_budget(), batch=plan.batch, prune=plan.prune,
+                    space_size=len(configured))
+    log.info("search %s: %d of %d configurations timed (%d pruned), stopped by %s", plan.strategy,
+             result.evaluations, len(configured), result.pruned, result.stopped)
+    finalists = _finalists(plan, configured, always, records, statistic)
+    if first or len(finalists) > 1:
+        measure_some([*first, *finalists] if first else finalists, False)
+    return _mark(plan, candidates, records, statistic)
+
+
+def _point(choice: Choice) -> dict[str, Any]:
+    def hashable(value: Any) -> Any:
+        try:
+            hash(value)
+            return value
+        except TypeError:
+            return json.dumps(value, sort_keys=True, default=str)
+
+    return {name: hashable(value) for name, value in choice.params.items() if name.isidentifier()}
+
+
+def _cost(record: Record | None, statistic: str) -> float | None:
+    if record is None or record.status != "ok":
+        return None
+    value = record.time(statistic)
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[Choice],
+               records: Mapping[str, Record], statistic: str) -> list[Choice]:
+    """The fastest `plan.finalists` configurations and the fastest library call (when they ran ok)."""
+    def fastest(choices: Sequence[Choice], count: int) -> list[Choice]:
+        timed = [(t, i, c) for i, c in enumerate(choices) if (t := _cost(records.get(c.hash_key), statistic))]
+        return [c for _, _, c in sorted(timed, key=lambda x: (x[0], x[1]))[:count]]
+
+    return fastest(configured, plan.finalists) + fastest(always, 1)
+
+
+def _mark(plan: SearchPlan, candidates: Sequence[Choice], records: dict[str, Record], statistic: str) -> Record | None:
+    """The fastest ok record, with the search's identity in its info (also replaced in `records`)."""
+    ok = [(t, r.choice) for c in candidates if (r := records.get(c.hash_key)) and (t := _cost(r, statistic))]
+    if not ok:
+        return None
+    best = records[min(ok)[1]]
+    marked = dataclasses.replace(best, info={**best.info, SEARCH_INFO: plan.identity(candidates)})
+    records[marked.choice] = marked
+    return marked

@@ -1,0 +1,139 @@
+"""select(..., strategy=, budget=): a search strategy picks which configurations are timed, real timings of a
+Python kernel template whose run time is a known function of its parameters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuneforge import config
+from tuneforge.search import pow2
+from tuneforge.store.default import default_records
+from tuneforge.tune.choices import ExternChoice
+from tuneforge.tune.searched import SEARCH_INFO, SearchPlan
+from tuneforge.tune.select import clear_memo, select_detailed
+from tuneforge.tune.template import KernelTemplate
+
+# A kernel that takes 0.2 ms at its best configuration (BM=32, BN=16, BK=16, UNROLL=4, ORDER=ij) and up to
+# 2.6x that elsewhere: penalties per parameter, added.
+SOURCE = """
+import time
+{% set cost = 1 + {8: 0.4, 16: 0.15, 32: 0.0, 64: 0.2}[BM] + {8: 0.2, 16: 0.0, 32: 0.15, 64: 0.35}[BN]
+              + {8: 0.15, 16: 0.0, 32: 0.1}[BK] + {1: 0.2, 2: 0.1, 4: 0.0, 8: 0.1}[UNROLL]
+              + {"ij": 0.0, "ji": 0.1}[ORDER] %}
+def kernel(x, out):
+    end = time.perf_counter() + {{ 0.0002 * cost }}
+    while time.perf_counter() < end:
+        pass
+    out[...] = x * 2
+"""
+PENALTY = {"BM": {8: 0.4, 16: 0.15, 32: 0.0, 64: 0.2}, "BN": {8: 0.2, 16: 0.0, 32: 0.15, 64: 0.35},
+           "BK": {8: 0.15, 16: 0.0, 32: 0.1}, "UNROLL": {1: 0.2, 2: 0.1, 4: 0.0, 8: 0.1},
+           "ORDER": {"ij": 0.0, "ji": 0.1}}
+CONFIGS = [{"BM": bm, "BN": bn, "BK": bk, "UNROLL": u, "ORDER": o} for bm in pow2(8, 64) for bn in pow2(8, 64)
+           for bk in pow2(8, 32) for u in (1, 2, 4, 8) for o in ("ij", "ji")]  # 384
+
+
+def cost(params: dict[str, Any]) -> float:
+    return 1 + sum(PENALTY[name][params[name]] for name in PENALTY)
+
+
+def double(x: Any, out: Any) -> Any:  # the library call: right, and slower than any configuration
+    end = time.perf_counter() + 0.0006
+    while time.perf_counter() < end:
+        pass
+    out[...] = x * 2
+    return out
+
+
+made = {"inputs": 0}
+
+
+def counted_input(spec: Any, rng: Any) -> Any:
+    made["inputs"] += 1
+    return rng.standard_normal(spec.sizes)
+
+
+@pytest.fixture
+def quick(cache_dir: Path) -> Iterator[Path]:
+    clear_memo()
+    with config.patch(autotune_bench_time_s=0.004, autotune_warmup_s=0.0, autotune_min_repeats=3,
+                      autotune_isolate=False, autotune_settle_s=0.0):
+        yield cache_dir
+    clear_memo()
+
+
+def candidates() -> list[Any]:
+    template = KernelTemplate("searched_spin", SOURCE, signature="kernel", language="python")
+    return [ExternChoice(double, name="double"), *template.choices(CONFIGS)]
+
+
+def test_a_search_times_a_sixth_of_the_space_and_finds_a_near_best(quick: Path) -> None:
+    choices = candidates()
+    made["inputs"] = 0
+    started = time.perf_counter()
+    selection = select_detailed("searched", choices, [np.ones(64)], out=np.empty(64), strategy="default",
+                                budget="15%", generators={0: counted_input})
+    elapsed = time.perf_counter() - started
+    timed = {r.choice for r in default_records().get(selection.key)}
+    assert len(timed) <= 58 + 1  # 15% of 384, and the library call
+    assert selection.source == "tuned" and selection.choice.name != "double"
+    assert cost(selection.choice.params) <= 1.1, selection.choice.params  # the best is 1.0; the median 1.6
+    assert made["inputs"] == 1  # one set of example inputs for every batch
+    winner = default_records().get_choice(selection.key, selection.choice.hash_key)
+    assert winner is not None and winner.info[SEARCH_INFO]  # the search's end, kept with the winner
+    assert elapsed < 60
+
+    clear_memo()  # a later process: the records hold the finished search, nothing is timed again
+    again = select_detailed("searched", candidates(), [np.ones(64)], out=np.empty(64), strategy="default",
+                            budget="15%", generators={0: counted_input})
+    assert again.source != "tuned" and not again.benchmarked and again.choice.hash_key == selection.choice.hash_key
+    clear_memo()  # another budget is another search: it goes on from the records there are
+    more = select_detailed("searched", candidates(), [np.ones(64)], out=np.empty(64), strategy="default",
+                           budget="25%", generators={0: counted_input})
+    assert more.source == "tuned" and 0 < len(more.benchmarked) <= 96 - 58 + 4
+
+
+def test_a_budget_alone_searches_with_the_default_strategy(quick: Path) -> None:
+    selection = select_detailed("budgeted", candidates(), [np.ones(64)], out=np.empty(64), budget="30")
+    assert 0 < len(default_records().get(selection.key)) <= 30 + 1 + 4  # and the finalists' re-timing
+    plan = SearchPlan.of("default", "30")
+    assert plan.budget is not None and plan.budget.evaluations == 30
+
+
+def test_every_strategy_runs_through_select(quick: Path) -> None:
+    for name in ("random", "coordinate_descent", "genetic", "exhaustive"):
+        clear_memo()
+        selection = select_detailed(f"via_{name}", candidates(), [np.ones(64)], out=np.empty(64), strategy=name,
+                                    budget="24")
+        records = [r for r in default_records().get(selection.key) if r.params]
+        assert 0 < len(records) <= 24 and selection.choice.name != "double", name
+    with pytest.raises(ValueError, match="unknown search strategy 'annealing'"):
+        select_detailed("bad", candidates(), [np.ones(64)], out=np.empty(64), strategy="annealing")
+
+
+def test_tune_command_searches_with_a_strategy_and_budget(cache_dir: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.005"}
+    command = [sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "48x40x32", "--space", "exhaustive"]
+    proc = subprocess.run([*command, "--strategy", "random", "--budget", "6"], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stderr.splitlines() if line.startswith("  tiled_matmul_")]
+    assert 1 <= len(rows) <= 6 and any(line.startswith("  numpy_matmul ") for line in proc.stderr.splitlines())
+    assert "decided from tuned" in proc.stdout  # 6 of the 36 configurations built and timed
+    again = subprocess.run([*command, "--strategy", "random", "--budget", "6"], capture_output=True, text=True,
+                           env=env)
+    assert "decided from records" in again.stdout and "nothing benchmarked" in again.stderr
+    bad = subprocess.run([*command, "--budget", "lots"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "--budget" in bad.stderr and "cannot read 'lots'" in bad.stderr
+    unknown = subprocess.run([*command, "--strategy", "annealing"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2 and "unknown search strategy 'annealing'" in unknown.stderr
