@@ -1,6 +1,7 @@
 """The package's import graph, read from the source: no cycles, and no layer imports one above it.
 
-Layers, bottom to top: base (settings, hashing, errors, CPU facts) < store < compile < tune < kernels <
+Layers, bottom to top: base (settings, hashing, errors, CPU facts) < store < search (spaces and strategies, which
+know records but nothing of building or timing) < compile < tune < kernels <
 the public surface (the package itself, cli, doctor, the cpp/python façades). Imports inside functions
 count too: a lazy import that goes upward is still a dependency the lower layer cannot stand without.
 """
@@ -16,7 +17,8 @@ import pytest
 import tuneforge
 
 PACKAGE = Path(tuneforge.__file__).parent
-LAYERS = ("base", "store", "compile", "tune", "kernels", "surface")
+LAYERS = ("base", "store", "search", "compile", "tune", "kernels", "surface")
+PACKAGES = ("store", "search", "compile", "tune", "kernels")
 BASE = {"_version", "errors", "forksafe", "parsing", "settings_schema", "config", "config_values", "hashing", "cpuinfo",
         "warn_once", "supervisor"}
 
@@ -28,9 +30,9 @@ def module_name(path: Path) -> str:
 
 def layer_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) > 2 and parts[1] in ("store", "compile", "tune", "kernels"):
+    if len(parts) > 2 and parts[1] in PACKAGES:
         return parts[1]
-    if len(parts) == 2 and parts[1] in ("store", "compile", "tune", "kernels"):
+    if len(parts) == 2 and parts[1] in PACKAGES:
         return parts[1]  # the sub-package's own __init__
     if len(parts) == 2 and parts[1] in BASE:
         return "base"

@@ -309,7 +309,7 @@ def _search_plan(strategy: str | None, budget: str | None) -> Any:
     """The SearchPlan of --strategy/--budget (None: time every candidate); a bad value names its option."""
     if strategy is None and budget is None:
         return None
-    from tuneforge.search.strategy import names
+    from tuneforge.search.registry import names
     from tuneforge.tune.searched import SearchPlan
 
     if strategy is not None and strategy not in names():
@@ -436,8 +436,8 @@ def replay(path: str, strategies: tuple[str, ...], seeds: int, budget: str | Non
     needed (median over the seeds) to find a configuration within 0-10% of the recorded best.
     """
     from tuneforge.search import Budget
+    from tuneforge.search.registry import names as strategy_names
     from tuneforge.search.replay import recordings, report_headers, report_rows
-    from tuneforge.search.strategy import names as strategy_names
     from tuneforge.store.record import read_records
 
     limits = None

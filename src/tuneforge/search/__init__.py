@@ -7,8 +7,9 @@ strategies against recorded timings. Nothing here builds or times anything: tune
 
 from tuneforge.search.budget import Budget
 from tuneforge.search.driver import SearchResult, search
+from tuneforge.search.registry import STRATEGIES, make, names
 from tuneforge.search.space import Config, Space, SpaceError, pow2, span
-from tuneforge.search.strategy import STRATEGIES, Strategy, make
+from tuneforge.search.strategy import Strategy
 
-__all__ = ["STRATEGIES", "Budget", "Config", "SearchResult", "Space", "SpaceError", "Strategy", "make", "pow2",
+__all__ = ["STRATEGIES", "Budget", "Config", "SearchResult", "Space", "SpaceError", "Strategy", "make", "names", "pow2",
            "search", "span"]

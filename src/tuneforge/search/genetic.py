@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneforge.search.space import Config, Space
-from tuneforge.search.strategy import FAILED, Strategy, register
+from tuneforge.search.strategy import FAILED, Strategy
 
 _BREED_TRIES = 20  # attempts per child before a random configuration takes its place
 
@@ -82,6 +82,3 @@ class Genetic(Strategy):
                 i = values.index(config[name]) + self.rng.choice((-2, -1, 1, 2))
                 config[name] = values[min(max(i, 0), len(values) - 1)]
         return config
-
-
-register("genetic", Genetic)

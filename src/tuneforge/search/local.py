@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuneforge.search.space import Config, Space, SpaceError
-from tuneforge.search.strategy import FAILED, Strategy, register
+from tuneforge.search.strategy import FAILED, Strategy
 
 
 class CoordinateDescent(Strategy):
@@ -91,7 +91,6 @@ class CoordinateDescent(Strategy):
         return fresh[0] if fresh else None
 
 
-register("coordinate_descent", CoordinateDescent)
 
 # The default strategy's random samples before its first descent: a handful costs little next to a descent
 # (2 x parameters neighbours a step), and starting from the best of them avoids the worst basins.
@@ -103,6 +102,3 @@ def default(space: Space, seed: int = 0, **options: Any) -> CoordinateDescent:
     optima until the budget is spent."""
     options.setdefault("initial", DEFAULT_INITIAL)
     return CoordinateDescent(space, seed, **options)
-
-
-register("default", default)

@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from tuneforge.search.space import Config, Space
-from tuneforge.search.strategy import FAILED, Strategy, register
+from tuneforge.search.strategy import FAILED, Strategy
 
 _CANDIDATES = 2000  # sampled candidates per ask in a space too large to list
 _TREES = 30
@@ -101,6 +101,3 @@ def _normal_cdf(z: Any) -> Any:
     from scipy.special import ndtr  # scipy comes with scikit-learn
 
     return ndtr(z)
-
-
-register("model", ModelSearch)

@@ -18,8 +18,9 @@ from typing import Any
 
 from tuneforge.search.budget import Budget
 from tuneforge.search.driver import SearchResult, search
+from tuneforge.search.registry import make
 from tuneforge.search.space import Config, Space
-from tuneforge.search.strategy import FAILED, make
+from tuneforge.search.strategy import FAILED
 from tuneforge.store.record import Record
 
 TOLERANCES = (0.0, 0.01, 0.02, 0.05, 0.10)

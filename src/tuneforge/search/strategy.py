@@ -4,6 +4,7 @@
 it is done); ``tell(config, cost)`` reports one's cost (lower is better; None, a NaN or an infinity: it failed).
 A strategy never proposes a configuration twice, so a batch of asks can be built and timed in parallel. What
 the strategy does with the costs is its own: the driver (`search.driver`) owns budgets, pruning and timing.
+Strategies are made by name in `search.registry`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from tuneforge.search.space import Config, Space
@@ -97,35 +98,3 @@ class RandomSearch(Strategy):
 
     def _propose(self, n: int) -> list[Config]:
         return self.space.sample(self.rng, n, self.exclude())
-
-
-Factory = Callable[..., Strategy]
-STRATEGIES: dict[str, Factory] = {}
-
-
-def register(name: str, factory: Factory) -> None:
-    """Make `factory(space, seed=..., **options)` available as strategy `name`."""
-    STRATEGIES[name] = factory
-
-
-def names() -> list[str]:
-    """Every strategy's name."""
-    from tuneforge.search import genetic, local, model  # noqa: F401  (they register themselves)
-
-    return sorted(STRATEGIES)
-
-
-def make(name: str, space: Space, seed: int = 0, **options: Any) -> Strategy:
-    """The strategy called `name` over `space` (`options` are the strategy's own keyword arguments)."""
-    names()
-    factory = STRATEGIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown search strategy {name!r}: choose one of {', '.join(sorted(STRATEGIES))}")
-    try:
-        return factory(space, seed=seed, **options)
-    except TypeError as exc:
-        raise ValueError(f"strategy {name!r}: {exc}") from None
-
-
-register("exhaustive", Exhaustive)
-register("random", RandomSearch)

@@ -83,46 +83,68 @@ def search_candidates(plan: SearchPlan, candidates: Sequence[Choice], records: d
     winner's record, marked as the end of this search (for the caller to store), or None when none ran ok."""
     configured = [c for c in candidates if not c.is_extern and c.params]
     always = [c for c in candidates if c not in configured]
-    points = [_point(c) for c in configured]
-    if len({json.dumps(sorted(p.items()), default=str) for p in points}) < len(points):
-        points = [{**p, "_choice": i} for i, p in enumerate(points)]  # same parameters, other code: keep apart
-    if len(configured) < 2:
+    units = _builds(configured)
+    points = _points(units)
+    if len(units) < 2:
         missing = [c for c in candidates if c.hash_key not in records]
         if missing:
             measure_some(missing, False)
         return _mark(plan, candidates, records, statistic)
     space = Space.from_points(points)
-    by_key = {space.key(p): c for p, c in zip(points, configured, strict=True)}
+    by_key = {space.key(p): unit for p, unit in zip(points, units, strict=True)}
     strategy = make(plan.strategy, space, seed=config.get_int("autotune.seed"), **dict(plan.options))
     first = [c for c in always if c.hash_key not in records]
 
-    def evaluate(configs: list[dict[str, Any]]) -> list[float | None]:
+    def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
         nonlocal first
-        chosen = [by_key[space.key(p)] for p in configs]
-        todo, first = first + [c for c in chosen if c.hash_key not in records], []
+        chosen = [by_key[space.key(p)] for p in asked]
+        todo, first = first + [c for unit in chosen for c in unit if c.hash_key not in records], []
         if todo:
             measure_some(todo, True)
-        return [_cost(records.get(c.hash_key), statistic) for c in chosen]
+        costs = [[t for c in unit if (t := _cost(records.get(c.hash_key), statistic)) is not None] for unit in chosen]
+        return [min(unit_costs) if unit_costs else None for unit_costs in costs]
 
     result = search(space, strategy, evaluate, plan.effective_budget(), batch=plan.batch, prune=plan.prune,
-                    space_size=len(configured))
-    log.info("search %s: %d of %d configurations timed (%d pruned), stopped by %s", plan.strategy,
-             result.evaluations, len(configured), result.pruned, result.stopped)
+                    space_size=len(units))
+    log.info("search %s: %d of %d builds timed (%d configurations; %d pruned), stopped by %s", plan.strategy,
+             result.evaluations, len(units), len(configured), result.pruned, result.stopped)
     finalists = _finalists(plan, configured, always, records, statistic)
     if first or len(finalists) > 1:
         measure_some([*first, *finalists] if first else finalists, False)
     return _mark(plan, candidates, records, statistic)
 
 
-def _point(choice: Choice) -> dict[str, Any]:
-    def hashable(value: Any) -> Any:
-        try:
-            hash(value)
-            return value
-        except TypeError:
-            return json.dumps(value, sort_keys=True, default=str)
+def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:
+    """The configurations grouped by what they compile to (a template's configurations that differ only in its
+    runtime parameters share one build), in first-seen order."""
+    groups: dict[str, list[Choice]] = {}
+    for c in configured:
+        groups.setdefault(getattr(c, "render_identity", None) or c.hash_key, []).append(c)
+    return list(groups.values())
 
-    return {name: hashable(value) for name, value in choice.params.items() if name.isidentifier()}
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return json.dumps(value, sort_keys=True, default=str)
+
+
+def _points(units: Sequence[Sequence[Choice]]) -> list[dict[str, Any]]:
+    """One point of the search space per build: the parameters its configurations share (what was compiled in).
+    Every point gets every parameter name seen (None where a build has none), and builds that would look alike
+    (other templates' code with the same parameters) are told apart."""
+    points = []
+    for unit in units:
+        first = {name: _hashable(v) for name, v in unit[0].params.items() if name.isidentifier()}
+        points.append({name: v for name, v in first.items()
+                       if all(_hashable(c.params.get(name)) == v for c in unit[1:])})
+    names = list(dict.fromkeys(name for p in points for name in p))
+    points = [{name: p.get(name) for name in names} for p in points]
+    if not names or len({tuple(map(repr, p.values())) for p in points}) < len(points):
+        points = [{**p, "_build": i} for i, p in enumerate(points)]
+    return points
 
 
 def _cost(record: Record | None, statistic: str) -> float | None:
