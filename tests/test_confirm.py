@@ -14,7 +14,8 @@ from tuneforge import config
 from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
-from tuneforge.tune.confirm import MIN_ROUNDS, near_tie, time_side_by_side
+from tuneforge.tune.confirm import MIN_ROUNDS, confidence, near_tie, time_side_by_side
+from tuneforge.tune.report import format_table
 from tuneforge.tune.select import clear_memo, select_detailed
 
 
@@ -45,7 +46,13 @@ def paired_selection(name: str, choices: list[Choice]) -> tuple[str, dict[str, R
     selection = select_detailed(name, choices, [np.ones(16), np.ones(16)], out=np.empty(16))
     records = {r.choice_name: r for r in default_records().get(selection.key)}
     assert {r.method for r in records.values()} == {"cpu-perf_counter+paired"}, records
-    return selection.choice.name, records
+    winner = selection.choice.name
+    sure, = records[winner].info["confidence"]  # the fastest's verdict over the other, kept on its record
+    assert sure["versus"] in records and sure["versus"] != winner and 0 <= sure["faster_in"] <= sure["rounds"]
+    assert all("confidence" not in r.info for name, r in records.items() if name != winner)
+    assert selection.report is not None and selection.report.extra["confidence"] == [sure]
+    assert f"AUTOTUNE confidence: {winner} faster than {sure['versus']} in " in format_table(selection.report, None)
+    return winner, records
 
 
 def named(name: str) -> Choice:
@@ -144,10 +151,15 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
         spin(0.001)
 
     with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.0):
-        first, second = time_side_by_side([fast, slow], lambda: None, typical_ms=5.0, settle_after=[False, True])
+        (first, second), rounds = time_side_by_side([fast, slow], lambda: None, typical_ms=5.0,
+                                                    settle_after=[False, True])
     assert first.method == second.method == "cpu-perf_counter+paired"
     assert first.count == second.count >= MIN_ROUNDS * 2  # batches of 2 runs: 10 ms of (typically) 5 ms runs
     assert first.median_ms < second.median_ms
+    assert len(rounds[0]) == len(rounds[1]) >= MIN_ROUNDS  # each batch's median, per round
+    sure = confidence(rounds[0], rounds[1], "slow")
+    assert sure["versus"] == "slow" and sure["rounds"] == len(rounds[0]) and sure["faster_in"] == sure["rounds"]
+    assert sure["by"] > 0.5 and sure["p"] == 0.5 ** sure["rounds"]  # every round: as unlikely as a fair coin
     # the order alternates; each batch of 2 timed runs starts with an untimed warm-up run
     assert order[:6] == ["f"] * 3 + ["s"] * 3 and order[6:12] == ["s"] * 3 + ["f"] * 3
 
@@ -218,8 +230,8 @@ def test_many_choices_are_screened_and_only_contenders_timed_fully(tuning: Path)
     assert selection.choice.name == "fast"
     for name in slow:
         assert "+screened" in records[name].method, records[name]
-    for name in ("fast", "close"):  # re-timed for the whole budget: 20 ms of 0.5 ms runs
-        assert "+screened" not in records[name].method and records[name].count >= 20, records[name]
+    for name in ("fast", "close"):  # re-timed for the whole budget: 20 ms of 0.5 ms runs (screened: 4 ms)
+        assert "+screened" not in records[name].method and records[name].count >= 12, records[name]  # a busy host
 
 
 def test_at_most_four_contenders_are_timed_fully(tuning: Path) -> None:

@@ -103,7 +103,9 @@ def test_a_space_of_recorded_points_holds_exactly_those() -> None:
     space = Space.from_points(points)
     assert space.values["A"] == (1, 2, 4) and sorted(space.key(c) for c in space) == [(1, "y"), (2, "x"), (4, "x")]
     assert {"A": 1, "B": "x"} not in space
-    assert space.neighbours({"A": 2, "B": "x"}) == [{"A": 4, "B": "x"}]
+    # recorded points move together: the nearest with the next A (or B), whatever else differs, fewest first
+    assert space.neighbours({"A": 2, "B": "x"}) == [{"A": 1, "B": "y"}, {"A": 4, "B": "x"}]
+    assert space.neighbours({"A": 4, "B": "x"}) == [{"A": 2, "B": "x"}, {"A": 1, "B": "y"}]
     assert Space.from_points([{"A": 2, "F": None}, {"A": 1, "F": 3}]).values["F"] == (None, 3)
     with pytest.raises(SpaceError, match="no value for parameter 'B'"):
         Space.from_points([{"A": 1, "B": 2}, {"A": 2}])

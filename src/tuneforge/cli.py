@@ -428,8 +428,11 @@ def records_clear(op: str | None) -> None:
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Configurations asked for at a time (what a parallel build would take).")
 @click.option("--key", default=None, help="Only the selections whose key starts with this.")
+@click.option("--by", type=click.Choice(["config", "build"]), default="config", show_default=True,
+              help="What one evaluation is: a configuration, or a build (every configuration compiled into one "
+                   "artifact, timed together, as select(..., strategy=) searches).")
 def replay(path: str, strategies: tuple[str, ...], seeds: int, budget: str | None, batch: int,
-           key: str | None) -> None:
+           key: str | None, by: str) -> None:
     """Replay search strategies against a recorded exhaustive run (a records bundle, `records export`).
 
     For each selection with at least 8 recorded configurations, prints how many evaluations each strategy
@@ -446,7 +449,7 @@ def replay(path: str, strategies: tuple[str, ...], seeds: int, budget: str | Non
             limits = Budget.parse(budget)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--budget") from None
-    found = recordings(read_records(path), key=key)
+    found = recordings(read_records(path), key=key, by_build=by == "build")
     if not found:
         raise click.ClickException(f"{path} has no selection with at least 8 recorded template configurations"
                                    + (f" under key {key!r}" if key else ""))

@@ -24,6 +24,7 @@ from tuneforge.search.strategy import FAILED, Strategy
 
 _CANDIDATES = 2000  # sampled candidates per ask in a space too large to list
 _TREES = 30
+_PER_FIT = 4  # proposals per fit, at least: a fit per evaluation made replays of a few hundred seconds
 
 
 def _sklearn() -> Any:
@@ -43,11 +44,20 @@ class ModelSearch(Strategy):
         self._regressor = _sklearn()
         self.initial = max(4, 2 * len(space.names)) if initial is None else max(2, initial)
         self.explore = explore
+        self._queue: list[Config] = []  # the last fit's next best proposals
 
     def _propose(self, n: int) -> list[Config]:
         told = [(key, cost) for key, cost in self.costs.items()]
         if len(told) < self.initial or not any(cost < FAILED for _, cost in told):
             return self.space.sample(self.rng, min(n, max(1, self.initial - len(told))), self.exclude())
+        self._queue = [c for c in self._queue if not self.seen(c)]
+        if len(self._queue) < n:
+            self._queue = self._fitted(told, max(n, _PER_FIT))
+        proposed, self._queue = self._queue[:n], self._queue[n:]
+        return proposed
+
+    def _fitted(self, told: list[tuple[tuple[Any, ...], float]], n: int) -> list[Config]:
+        """The `n` untried configurations a model fitted on `told` expects the most improvement from."""
         candidates = self._candidates()
         if not candidates:
             return []

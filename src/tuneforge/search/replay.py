@@ -19,7 +19,7 @@ from typing import Any
 from tuneforge.search.budget import Budget
 from tuneforge.search.driver import SearchResult, search
 from tuneforge.search.registry import make
-from tuneforge.search.space import Config, Space
+from tuneforge.search.space import Config, Space, aligned, shared
 from tuneforge.search.strategy import FAILED
 from tuneforge.store.record import Record
 
@@ -36,6 +36,7 @@ class Recording:
     inputs: str
     space: Space
     costs: dict[tuple[Any, ...], float]
+    unit: str = "configurations"  # what a point is: "configurations", or "builds" (recordings(by_build=True))
 
     @property
     def best(self) -> float:
@@ -50,7 +51,7 @@ class Recording:
 
     def describe(self) -> str:
         ok = sum(1 for c in self.costs.values() if c < FAILED)
-        return (f"{self.op} ({self.inputs or self.key[:16]}): {self.size} configurations, {ok} ok, "
+        return (f"{self.op} ({self.inputs or self.key[:16]}): {self.size} {self.unit}, {ok} ok, "
                 f"best {self.best:.4g} ms")
 
 
@@ -62,28 +63,36 @@ def _hashable(value: Any) -> Any:
         return json.dumps(value, sort_keys=True)  # a list or dict parameter: its JSON text stands for it
 
 
-def recordings(records: Iterable[Record], *, min_points: int = MIN_POINTS, key: str | None = None) -> list[Recording]:
+def recordings(records: Iterable[Record], *, min_points: int = MIN_POINTS, key: str | None = None,
+               by_build: bool = False) -> list[Recording]:
     """The recordings among `records`: per selection key (those starting with `key`, if given), the choices that
-    have parameters (template configurations; library calls have none), when there are at least `min_points`."""
+    have parameters (template configurations; library calls have none), when there are at least `min_points`.
+    With `by_build`, a point is a build (the records naming one artifact: the configurations compiled into it,
+    with the parameters they share) and its cost the best of theirs, as `select(..., strategy=)` searches."""
     by_key: dict[str, list[Record]] = {}
     for r in records:
         if r.params and (key is None or r.key.startswith(key)):
             by_key.setdefault(r.key, []).append(r)
     found = []
     for k, rows in sorted(by_key.items()):
-        points: dict[tuple[Any, ...], tuple[Config, float]] = {}
-        names = sorted({name for r in rows for name in r.params})
+        units: dict[Any, list[Record]] = {}
         for r in rows:
-            config = {name: _hashable(r.params.get(name)) for name in names}
-            cost = r.median_ms if r.status == "ok" and r.median_ms and math.isfinite(r.median_ms) else FAILED
-            point = tuple(config[n] for n in names)
-            if point not in points or cost < points[point][1]:  # a configuration recorded twice: its best
-                points[point] = (config, cost)
+            build = r.info.get("artifact") if by_build else None
+            # a configuration recorded twice (under two choice hashes) is one point: its best time
+            same = json.dumps(sorted(r.params.items()), default=str)
+            units.setdefault(build if isinstance(build, str) else same, []).append(r)
+        points: dict[tuple[Any, ...], tuple[Config, float]] = {}
+        configs = aligned([shared([{n: _hashable(v) for n, v in r.params.items()} for r in unit])
+                           for unit in units.values()], "_build" if by_build else "_choice")
+        for config, unit in zip(configs, units.values(), strict=True):
+            cost = min((r.median_ms for r in unit if r.status == "ok" and r.median_ms and math.isfinite(r.median_ms)),
+                       default=FAILED)
+            points[tuple(config.values())] = (config, cost)
         if len(points) < min_points or all(c >= FAILED for _, c in points.values()):
             continue
         space = Space.from_points([config for config, _ in points.values()])
         costs = {space.key(config): cost for config, cost in points.values()}
-        found.append(Recording(k, rows[0].op, rows[0].inputs, space, costs))
+        found.append(Recording(k, rows[0].op, rows[0].inputs, space, costs, "builds" if by_build else "configurations"))
     return found
 
 

@@ -29,6 +29,7 @@ Predicate = Callable[[Mapping[str, Any]], bool]
 # sampled exactly; above it, sampling draws each parameter and rejects what the restrictions refuse.
 LIST_LIMIT = 200_000
 _REJECTION_TRIES = 10_000  # draws per sampled point before the restrictions are declared (nearly) unsatisfiable
+_SCAN = 64  # values a neighbour is looked for along a parameter, each way
 
 _OPERATORS = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div,
               ast.FloorDiv, ast.Mod, ast.Pow, ast.UnaryOp, ast.USub, ast.UAdd, ast.Not, ast.Compare, ast.Eq,
@@ -95,6 +96,26 @@ def _expression(text: str, params: Sequence[str], constants: Mapping[str, Any]) 
     return Restriction(text, check, frozenset(names))
 
 
+def shared(configs: Sequence[Mapping[str, Any]]) -> Config:
+    """The parameters all of `configs` set to the same value: what a group of configurations (those compiled into
+    one build, say) has in common, as a point of a coarser space."""
+    first = configs[0]
+    return {name: value for name, value in first.items() if all(c.get(name, _MISSING) == value for c in configs[1:])}
+
+
+def aligned(points: Sequence[Mapping[str, Any]], tag: str = "_group") -> list[Config]:
+    """`points` with every parameter name any of them has (None where one lacks it), told apart by a `tag`
+    parameter (their position) when two would otherwise be the same point: ready for `Space.from_points`."""
+    names = list(dict.fromkeys(name for p in points for name in p))
+    out = [{name: p.get(name) for name in names} for p in points]
+    if not names or len({tuple(map(repr, p.values())) for p in out}) < len(out):
+        out = [{**p, tag: i} for i, p in enumerate(out)]
+    return out
+
+
+_MISSING = object()
+
+
 class Space:
     """Named parameters with ordered values, and restrictions (module docstring)."""
 
@@ -139,6 +160,8 @@ class Space:
             depth = len(self.names) - 1 if r.names is None or not r.names else max(position[n] for n in r.names)
             self._at_depth[depth].append(r)
         self._listed: list[Config] | None = None
+        self._exact = False  # the listing is a set of recorded points (from_points), not the restricted product
+        self._positions: Any = None  # the members' positions, a numpy array (from_points spaces, on first use)
 
     @classmethod
     def from_points(cls, points: Sequence[Mapping[str, Any]]) -> Space:
@@ -162,7 +185,12 @@ class Space:
         def recorded(config: Mapping[str, Any]) -> bool:
             return tuple(config[n] for n in names) in members
 
-        return cls(values, [recorded])
+        space = cls(values, [recorded])
+        # the points are the listing, whatever the product of the values seen (a recorded GEMM space: 10^6)
+        space._listed = sorted(({n: p[n] for n in names} for p in {space.key(p): p for p in points}.values()),
+                               key=space.position)
+        space._exact = True
+        return space
 
     # ------------------------------------------------------------------------------------------- size
 
@@ -224,6 +252,8 @@ class Space:
 
     def __iter__(self) -> Iterator[Config]:
         """Every valid configuration, in order (the first parameter varies slowest), lazily."""
+        if self._exact and self._listed is not None:
+            return iter([dict(c) for c in self._listed])
         names, values, at_depth = self.names, self.values, self._at_depth
         config: Config = {}
         last = len(names) - 1
@@ -264,18 +294,49 @@ class Space:
         return list(found.values())
 
     def neighbours(self, config: Mapping[str, Any], radius: int = 1) -> list[Config]:
-        """The valid configurations that differ from `config` in one parameter, by at most `radius` steps along
-        its values (nearest first)."""
+        """For each parameter and direction, the `radius` nearest valid configurations that differ from `config`
+        in that parameter: the same configuration with the parameter's next values that the restrictions allow
+        (up to _SCAN values away). In a space of recorded points, where parameters move together (a block size
+        that is a multiple of a tile size), the recorded point with the parameter's next value that differs from
+        `config` in the fewest other parameters."""
+        if self._exact:
+            return self._nearest_members(config, radius)
         found = []
-        for step in range(1, radius + 1):
-            for name in self.names:
-                i = self._index[name][config[name]]
-                for j in (i - step, i + step):
-                    if 0 <= j < len(self.values[name]):
-                        other = {**config, name: self.values[name][j]}
-                        if all(self._holds(r, other) for r in self.restrictions):
-                            found.append(other)
+        for name in self.names:
+            i, values = self._index[name][config[name]], self.values[name]
+            for direction in (-1, 1):
+                taken, j = 0, i + direction
+                while taken < radius and 0 <= j < len(values) and abs(j - i) <= _SCAN:
+                    other = {**config, name: values[j]}
+                    if all(self._holds(r, other) for r in self.restrictions):
+                        found.append(other)
+                        taken += 1
+                    j += direction
         return found
+
+    def _nearest_members(self, config: Mapping[str, Any], radius: int) -> list[Config]:
+        import numpy as np
+
+        assert self._listed is not None
+        if self._positions is None:
+            self._positions = np.array([self.position(m) for m in self._listed], dtype=np.int64)
+        members = self._positions
+        here = np.array(self.position(config), dtype=np.int64)
+        differ = members != here
+        changed, steps = differ.sum(axis=1), np.abs(members - here).sum(axis=1)
+        found: list[int] = []
+        for p in range(len(self.names)):
+            # fewest other parameters changed, then fewest steps in all
+            score = (changed - differ[:, p]) * (int(steps.max()) + 1) + steps
+            column = members[:, p]
+            for direction in (-1, 1):
+                ahead = np.unique(column[(column - here[p]) * direction > 0])
+                for v in (ahead if direction > 0 else ahead[::-1])[:radius]:
+                    rows = np.flatnonzero(column == v)
+                    best = int(rows[np.argmin(score[rows])])
+                    if best not in found:  # moving one parameter or another can land on the same member
+                        found.append(best)
+        return [dict(self._listed[i]) for i in found]
 
     def describe(self) -> str:
         parts = [f"{name}[{len(vals)}]" for name, vals in self.values.items()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import gzip
 import json
 import math
 import numbers
@@ -224,9 +225,11 @@ def _load_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
     where = f"bundle file {os.fspath(path)}"
     try:
         text = Path(path).read_bytes()
+        if text[:2] == b"\x1f\x8b":  # gzip's magic: a bundle kept compressed (shipped test data, say)
+            text = gzip.decompress(text)
     except FileNotFoundError:
         raise RecordError(f"{where} does not exist") from None
-    except OSError as exc:
+    except (OSError, EOFError) as exc:
         raise RecordError(f"{where} cannot be read: {exc}") from None
     try:
         return json.loads(text), where

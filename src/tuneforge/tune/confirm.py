@@ -15,8 +15,11 @@ records are replaced by those paired figures (method ``+paired``):
 from __future__ import annotations
 
 import gc
+import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tuneforge import config
 from tuneforge.store.records import Record
@@ -24,6 +27,7 @@ from tuneforge.tune.bench import Timing
 from tuneforge.tune.choices import Choice
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 15
+CONFIDENCE = "confidence"  # the record info key of the fastest's `confidence` entries
 # An OpenMP runtime's threads spin for a few ms after a parallel region (libgomp: ~5 ms measured on a
 # Zen 5), slowing a library call that runs right after: a short pause after each kernel's batch.
 KERNEL_PAUSE_S = 0.01
@@ -56,8 +60,9 @@ def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str,
 
 
 def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], object], typical_ms: float,
-                      settle_after: Sequence[bool]) -> list[Timing]:
-    """Alternating rounds of each run (each a batch long enough to time), then one Timing per run.
+                      settle_after: Sequence[bool]) -> tuple[list[Timing], list[list[float]]]:
+    """Alternating rounds of each run (each a batch long enough to time): one Timing per run, and per run its
+    batch's median in each round (what `confidence` compares).
 
     ``settle_after[i]``: run i is a library call whose thread pool may keep spinning and slow down whatever
     runs next, so a batch of another run that follows it starts after a pause of `autotune.settle_s`; a
@@ -70,6 +75,7 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     long_s = config.get_float("autotune.max_bench_s") or float("inf")  # long kernels: one round can do
     settle_s = config.get_float("autotune.settle_s")
     samples: list[list[float]] = [[] for _ in runs]
+    per_round: list[list[float]] = [[] for _ in runs]
     after_library = True  # the first pass may have ended with a library call
     started = time.perf_counter()
     rounds = 0
@@ -94,8 +100,21 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                     t0 = time.perf_counter_ns()
                     runs[i]()
                     samples[i].append((time.perf_counter_ns() - t0) / 1e6)
+                per_round[i].append(statistics.median(samples[i][-batch:]))
             rounds += 1
     finally:
         if gc_was_enabled:
             gc.enable()
-    return [Timing.from_samples(s, "cpu-perf_counter+paired") for s in samples]
+    return [Timing.from_samples(s, "cpu-perf_counter+paired") for s in samples], per_round
+
+
+def confidence(fast: Sequence[float], other: Sequence[float], versus: str) -> dict[str, Any]:
+    """How sure a side-by-side re-timing is that `fast` beats `other`, from their per-round medians: in how many
+    rounds it was faster, by how much (the median of the rounds' ratios), and the one-sided sign test's p-value
+    (the chance of that many wins or more if neither were faster)."""
+    rounds = min(len(fast), len(other))
+    wins = sum(f < o for f, o in zip(fast, other, strict=False))
+    by = statistics.median(o / f - 1 for f, o in zip(fast, other, strict=False) if f > 0) if rounds else 0.0
+    p = sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds if rounds else 1.0
+    return {"versus": versus, "rounds": rounds, "faster_in": wins, "by": round(by, 4), "p": round(p, 4)}
+

@@ -77,7 +77,15 @@ def format_table(report: SelectionReport, limit: int | None) -> str:
         mode = "SubProcess" if report.isolated else "SingleProcess"
         lines.append(f"{mode} AUTOTUNE benchmarking takes {report.verify_s + report.bench_s:.4f} seconds and "
                      f"{report.build_s:.4f} seconds precompiling")
+    lines += [f"AUTOTUNE confidence: {report.winner} {describe_confidence(entry)}"
+              for entry in report.extra.get("confidence", [])]
     return "\n".join(lines) + "\n"
+
+
+def describe_confidence(entry: dict[str, Any]) -> str:
+    """A side-by-side re-timing's verdict (confirm.confidence) in words."""
+    return (f"faster than {entry['versus']} in {entry['faster_in']} of {entry['rounds']} paired rounds, by "
+            f"{100 * entry['by']:.1f}% (sign test p={entry['p']:.3g})")
 
 
 def print_table(report: SelectionReport, stream: IO[str] | None = None) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.search import Budget, Space, make, search
 from tuneforge.search.driver import Prune
+from tuneforge.search.space import aligned, shared
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 
@@ -132,19 +133,10 @@ def _hashable(value: Any) -> Any:
 
 
 def _points(units: Sequence[Sequence[Choice]]) -> list[dict[str, Any]]:
-    """One point of the search space per build: the parameters its configurations share (what was compiled in).
-    Every point gets every parameter name seen (None where a build has none), and builds that would look alike
-    (other templates' code with the same parameters) are told apart."""
-    points = []
-    for unit in units:
-        first = {name: _hashable(v) for name, v in unit[0].params.items() if name.isidentifier()}
-        points.append({name: v for name, v in first.items()
-                       if all(_hashable(c.params.get(name)) == v for c in unit[1:])})
-    names = list(dict.fromkeys(name for p in points for name in p))
-    points = [{name: p.get(name) for name in names} for p in points]
-    if not names or len({tuple(map(repr, p.values())) for p in points}) < len(points):
-        points = [{**p, "_build": i} for i, p in enumerate(points)]
-    return points
+    """One point of the search space per build: the parameters its configurations share (what was compiled in),
+    aligned (search.space.aligned) so that every point has every name and no two look alike."""
+    return aligned([shared([{name: _hashable(v) for name, v in c.params.items() if name.isidentifier()}
+                            for c in unit]) for unit in units], "_build")
 
 
 def _cost(record: Record | None, statistic: str) -> float | None:

@@ -29,6 +29,7 @@ from tuneforge.store.records import Record
 from tuneforge.store.shipped import Nearest
 from tuneforge.store.tiers import RecordSource, record_tiers
 from tuneforge.tune.choices import Choice, ExternChoice, dedupe
+from tuneforge.tune.confirm import CONFIDENCE
 from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
@@ -231,6 +232,9 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described,
                                        rows=_rows(candidates, found.records, statistic, found.measured),
                                        winner=winner.name, source=source, statistic=statistic)
+    winner_record = found.records.get(winner.hash_key)
+    if winner_record is not None and winner_record.info.get(CONFIDENCE) and found.benchmarked:
+        report.extra["confidence"] = winner_record.info[CONFIDENCE]
     if found.nearest is not None:
         nearest = found.nearest[1]
         report.extra["nearest"] = {"key": nearest.key, "inputs": nearest.inputs, "distance": round(nearest.distance, 3)}

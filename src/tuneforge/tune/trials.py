@@ -32,7 +32,7 @@ from tuneforge.tune import verify
 from tuneforge.tune.bench import LONG_RUN_NS, Timing, benchmark_cpu
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.confirm import near_tie, time_side_by_side
+from tuneforge.tune.confirm import CONFIDENCE, confidence, near_tie, time_side_by_side
 from tuneforge.tune.device import DeviceContextLost, is_sticky_cuda_error
 from tuneforge.tune.events import (
     ChoiceConfirmed,
@@ -248,17 +248,22 @@ class Trials:
         typical = min(r.median_ms for _, r in tie if r.median_ms is not None)
         started = time.perf_counter()
         try:
-            timings = time_side_by_side([functools.partial(choice.run, args) for choice, _ in tie],
-                                        lambda: verify.restore(args, self.initial, restore), typical,
-                                        [choice.is_extern for choice, _ in tie])
+            timings, rounds = time_side_by_side([functools.partial(choice.run, args) for choice, _ in tie],
+                                                lambda: verify.restore(args, self.initial, restore), typical,
+                                                [choice.is_extern for choice, _ in tie])
         except Exception as exc:  # it ran before: keep the first figures
             log.warning("%s: re-timing the near tie failed (%s); keeping the first timings", self.job.name, exc)
             return []
         finally:
             self.bench_s += time.perf_counter() - started
             verify.restore(args, self.initial)
-        return [(index[id(choice)], make_record(self.job, choice, "ok", timing=timing, info=record.info))
-                for (choice, record), timing in zip(tie, timings, strict=True)]
+        statistic = config.get_str("autotune.statistic")
+        fastest = min(range(len(tie)), key=lambda i: timings[i].stat(statistic))
+        sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]
+        return [(index[id(choice)], make_record(self.job, choice, "ok", timing=timing,
+                                                info={**record.info, CONFIDENCE: sure} if i == fastest else
+                                                {k: v for k, v in record.info.items() if k != CONFIDENCE}))
+                for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True))]
 
     def finish(self) -> None:
         # on a broken CUDA context every copy fails: nothing can be restored
@@ -341,10 +346,15 @@ CALIBRATION_MAX = 1.25  # estimates are scaled by at most this much either way (
 SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS, SCREEN_KEEP = 8, 0.2, 3, 4
 
 
+# From SCREEN_CROWD choices on, the brief timings shrink in proportion (to SCREEN_REPEATS runs at least): a search's
+# batch of 8 builds of 25 configurations each spent 7 s of a 512^3 search's 14 screening them at 20 ms each.
+SCREEN_CROWD = 32
+
+
 def _screen_budget(trials: Trials, count: int) -> float | None:
     if trials.job.device != "cpu" or count <= SCREEN_ABOVE or config.get_float("autotune.screen_ratio") <= 0:
         return None
-    return SCREEN_SHARE * config.get_float("autotune.bench_time_s")
+    return SCREEN_SHARE * config.get_float("autotune.bench_time_s") * min(1.0, SCREEN_CROWD / count)
 
 
 def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str) -> list[int]:
