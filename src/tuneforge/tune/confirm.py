@@ -26,7 +26,9 @@ from tuneforge.store.records import Record
 from tuneforge.tune.bench import Timing
 from tuneforge.tune.choices import Choice
 
-MIN_ROUNDS, MAX_ROUNDS = 3, 15
+# At least 5 rounds: the fewest in which a choice faster in every one is a statement (sign test p = 1/32);
+# 3 could never say better than p = 1/8.
+MIN_ROUNDS, MAX_ROUNDS = 5, 15
 CONFIDENCE = "confidence"  # the record info key of the fastest's `confidence` entries
 # An OpenMP runtime's threads spin for a few ms after a parallel region (libgomp: ~5 ms measured on a
 # Zen 5), slowing a library call that runs right after: a short pause after each kernel's batch.
@@ -78,12 +80,13 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     per_round: list[list[float]] = [[] for _ in runs]
     after_library = True  # the first pass may have ended with a library call
     started = time.perf_counter()
+    paused = 0.0  # the pauses are no timing: a long kernel's limit counts the runs only
     rounds = 0
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < budget_s):
-            if rounds >= 1 and time.perf_counter() - started >= long_s:
+            if rounds >= 1 and time.perf_counter() - started - paused >= long_s:
                 break
             order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
             for i in order:
@@ -91,6 +94,7 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                     min(settle_s, KERNEL_PAUSE_S) if settle_after[i] and not after_library else 0.0
                 if pause > 0:
                     time.sleep(pause)
+                    paused += pause
                 after_library = settle_after[i]
                 if warm_up:  # untimed: wakes the thread pool and the core up after the pause
                     setup()
