@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuneforge.compile.pch import PROLOGUE
 from tuneforge.errors import CompileError
 
 _PROTOTYPE = re.compile(r"^\s*(?P<ret>[A-Za-z_][\w\s\*]*?)\s*\b(?P<name>[A-Za-z_]\w*)\s*\((?P<args>[^()]*)\)\s*;?\s*$")
@@ -141,7 +142,7 @@ def module_source(source: str, functions: Sequence[str]) -> str:
     table = "\n".join(f'  {{"{p.name}", (PyCFunction)(void (*)(void))tuneforge_wrap_{p.name}, METH_FASTCALL, '
                       f'"{p.ret} {p.name}({", ".join(q.ctype for q in p.params)})"}},' for p in protos)
     return "\n".join([
-        "#define PY_SSIZE_T_CLEAN", "#include <Python.h>", "#include <stdint.h>", "#include <stddef.h>",
+        *PROLOGUE.rstrip("\n").split("\n"),  # what pch.py precompiles: keep it first
         "// ---- user source ----", source, "// ---- generated bindings ----", _PRELUDE,
         *(_wrapper(p) for p in protos),
         f"static PyMethodDef tuneforge_methods[] = {{\n{table}\n  {{NULL, NULL, 0, NULL}}\n}};",

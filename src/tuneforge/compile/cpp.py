@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from tuneforge import config
-from tuneforge.compile import builders
+from tuneforge.compile import builders, pch
 from tuneforge.compile.failed import keep_failed, run_compiler
 from tuneforge.compile.toolchain import Toolchain, default_toolchain
 from tuneforge.errors import CompileError
@@ -156,8 +156,23 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
     (staging / SOURCE_NAME).write_text(build.source)
     command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)
     started = time.perf_counter()
-    proc = run_compiler(command, cwd=staging, what="C++ compile",
-                        keep=lambda output: _keep_failed(key, build, command, output))
+    header = pch.header_for(command, toolchain) if build.python_module else None
+    proc = None
+    if header is not None:  # the same source and object code, Python.h read precompiled (pch.py)
+        proc = run_compiler([*command[:-3], "-Winvalid-pch", "-include", str(header), *command[-3:]], cwd=staging,
+                            what="C++ compile", keep=lambda output: _keep_failed(key, build, command, output))
+        if proc.returncode == 0 and "Winvalid-pch" in proc.stderr:  # ignored (damaged): read as text, slowly
+            pch.discard(header)
+        elif proc.returncode != 0:  # the source's fault, or the header's: without it, the compiler says which
+            plain = run_compiler(command, cwd=staging, what="C++ compile",
+                                 keep=lambda output: _keep_failed(key, build, command, output))
+            if plain.returncode == 0:
+                log.debug("compiling %s with the precompiled header %s failed, without it not: discarded", key, header)
+                pch.discard(header)
+            proc = plain
+    if proc is None:
+        proc = run_compiler(command, cwd=staging, what="C++ compile",
+                            keep=lambda output: _keep_failed(key, build, command, output))
     if proc.returncode != 0 or not (staging / build.output_name).is_file():
         kept = _keep_failed(key, build, command, proc.stderr)
         raise CompileError(f"C++ compile failed with exit code {proc.returncode}", command=command,
