@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -113,6 +114,19 @@ def gemm_tuning(cache_dir: Path) -> Iterator[Path]:
     with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=2):
         yield cache_dir
     clear_dispatch()
+
+
+@contextlib.contextmanager
+def tuning_in_process(cache_dir: Path, *, bench_time_s: float, min_repeats: int) -> Iterator[Path]:
+    """For select() tests timing their own choices: no memo before or after, trials in this process, no warm-up
+    and no settling pauses."""
+    from tuneforge.tune.select import clear_memo
+
+    clear_memo()
+    with config.patch(autotune_bench_time_s=bench_time_s, autotune_warmup_s=0.0, autotune_min_repeats=min_repeats,
+                      autotune_isolate=False, autotune_settle_s=0.0):
+        yield cache_dir
+    clear_memo()
 
 
 @pytest.fixture

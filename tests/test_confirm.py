@@ -16,16 +16,15 @@ from tuneforge.store.records import Record
 from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
 from tuneforge.tune.confirm import MIN_ROUNDS, confidence, near_tie, time_side_by_side
 from tuneforge.tune.report import format_table
-from tuneforge.tune.select import clear_memo, select_detailed
+from tuneforge.tune.select import select_detailed
+
+from .conftest import tuning_in_process
 
 
 @pytest.fixture
 def tuning(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
-    with config.patch(autotune_bench_time_s=0.000001, autotune_warmup_s=0.0, autotune_min_repeats=5,
-                      autotune_isolate=False, autotune_settle_s=0.0):
-        yield cache_dir
-    clear_memo()
+    with tuning_in_process(cache_dir, bench_time_s=0.000001, min_repeats=5) as where:
+        yield where
 
 
 def spin(seconds: float) -> None:

@@ -24,19 +24,26 @@ pytestmark = [
     pytest.mark.skipif(openblas_threads() < 2, reason="needs numpy on OpenBLAS with worker threads"),
 ]
 
-_CHILD = """
+def two_thread_kernel(library_ratio: float) -> str:
+    """A child program's start: tuneforge.gemm tunes only its first two-thread kernel, and numpy's tuned time over
+    the kernel's is `library_ratio` (what the hand-off first expects of numpy)."""
+    return f"""
 import time
 import numpy as np
 import tuneforge
 from tuneforge.kernels.gemm import dispatch, op
 
-# The tuned choice is a two-thread kernel, and numpy counts as fast as it (its tuned time over the kernel's is 1),
-# so numpy takes the calls once the kernel has been tried beside the running threads, whatever this machine's
-# timings (the kernel then takes 1.5-2.5x its best, on all its threads or on the one left free).
 everything = op.choices
 op.choices = lambda problem, space="default", library="numpy": [
-    c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
-op._library_ratio = lambda *args: 1.0
+    c for c in everything(problem, space, library) if getattr(c, "config", {{}}).get("threads") == 2][:1]
+op._library_ratio = lambda *args: {library_ratio!r}
+"""
+
+
+# numpy counts as fast as the kernel, so it takes the calls once the kernel has been tried beside the running
+# threads, whatever this machine's timings (the kernel then takes 1.5-2.5x its best, on all its threads or on the
+# one left free).
+_CHILD = two_thread_kernel(1.0) + """
 rng = np.random.default_rng(0)
 a, b = rng.standard_normal((512, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
 out, c = np.empty((512, 512), np.float32), np.zeros((512, 512), np.float32)
@@ -104,17 +111,9 @@ def test_running_threads_take_the_kernels_plain_calls(tmp_path: Path) -> None:
     assert accumulated == 0, proc.stdout
 
 
-_EXPLORING_CHILD = """
-import numpy as np
-import tuneforge
-from tuneforge.kernels.gemm import dispatch, op
-
-# A two-thread kernel whose tuning put numpy at 1000x its time: a guess no crowded call would ever test but for
-# the exploration (handoff.h's EXPLORE_EVERY), which makes every 64th crowded call the next way in turn.
-everything = op.choices
-op.choices = lambda problem, space="default", library="numpy": [
-    c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
-op._library_ratio = lambda *args: 1000.0
+# A tuning that put numpy at 1000x the kernel's time: a guess no crowded call would ever test but for the
+# exploration (handoff.h's EXPLORE_EVERY), which makes every 64th crowded call the next way in turn.
+_EXPLORING_CHILD = two_thread_kernel(1000.0) + """
 rng = np.random.default_rng(0)
 a, b = rng.standard_normal((256, 256)), rng.standard_normal((256, 256))
 out = np.empty((256, 256))

@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuneforge import config
 from tuneforge.search import pow2
 from tuneforge.store.default import default_records
 from tuneforge.tune.choices import ExternChoice
 from tuneforge.tune.searched import SEARCH_INFO, SearchPlan
 from tuneforge.tune.select import clear_memo, select_detailed
 from tuneforge.tune.template import KernelTemplate
+
+from .conftest import tuning_in_process
 
 # A kernel that takes 0.2 ms at its best configuration (BM=32, BN=16, BK=16, UNROLL=4, ORDER=ij) and up to
 # 2.6x that elsewhere: penalties per parameter, added.
@@ -61,11 +62,8 @@ def counted_input(spec: Any, rng: Any) -> Any:
 
 @pytest.fixture
 def quick(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
-    with config.patch(autotune_bench_time_s=0.004, autotune_warmup_s=0.0, autotune_min_repeats=3,
-                      autotune_isolate=False, autotune_settle_s=0.0):
-        yield cache_dir
-    clear_memo()
+    with tuning_in_process(cache_dir, bench_time_s=0.004, min_repeats=3) as where:
+        yield where
 
 
 def candidates() -> list[Any]:
