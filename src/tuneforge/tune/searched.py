@@ -1,12 +1,15 @@
 """A selection that times part of its candidates: a search strategy picks which (select(..., strategy=)).
 
-The candidates with parameters (template configurations) make the search space, `Space.from_points` of their
-parameters; the others (library calls) are always timed, in the first batch. The strategy asks for batches,
-each built in parallel and timed in one worker job (which keeps its example inputs and reference outputs for
-the next batch); configurations with a record already cost nothing. When the budget is spent the fastest few
-(`finalists`) and the fastest library call are timed again side by side in one job, so that the pick does not
-hang on timings taken minutes apart; then the search is marked done on the winner's record, and a later process
-with the same candidates, strategy and budget decides from the records without searching again.
+The candidates with parameters (template configurations) are grouped by what they compile to (a template's
+configurations that differ only in runtime parameters share one build), and the builds make the search space:
+`Space.from_points` of the parameters each build's configurations share; a build's cost is the best of its
+configurations, which are all timed with it (compiling costs 0.5-0.9 s, a timing milliseconds). The other
+candidates (library calls) are always timed, in the first batch. The strategy asks for batches of builds, each
+built in parallel and timed in one worker job (which keeps its example inputs and reference outputs for the next
+batch); configurations with a record already cost nothing. When the budget (builds) is spent the fastest few
+configurations (`finalists`) and the fastest library call are timed again side by side in one job, so that the
+pick does not hang on timings taken minutes apart; then the search is marked done on the winner's record, and a
+later process with the same candidates, strategy and budget decides from the records without searching again.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ SEARCH_INFO = "search"  # the winner's record's info key: the identity of the fi
 @dataclass(frozen=True)
 class SearchPlan:
     """How a selection searches its candidates: the strategy and its options, the budget (default
-    DEFAULT_BUDGET), an optional prune hook, the batch size (configurations built and timed together) and how
-    many finalists are re-timed side by side."""
+    DEFAULT_BUDGET; evaluations are builds), an optional prune hook (given the asked builds' shared parameters),
+    the batch size (builds compiled and timed together) and how many finalists are re-timed side by side."""
 
     strategy: str = "default"
     budget: Budget | None = None
