@@ -8,7 +8,6 @@ as failures without costing an evaluation.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +105,3 @@ def _pruned(space: Space, asked: list[Config], prune: Prune | None) -> dict[tupl
         kept[key] = given[key]
     return kept
 
-
-def within(cost: float, best: float) -> float:
-    """How far `cost` is above `best`, relatively (0.02: 2% slower)."""
-    return math.inf if not math.isfinite(cost) else cost / best - 1

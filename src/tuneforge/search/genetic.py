@@ -44,7 +44,7 @@ class Genetic(Strategy):
     def _breed(self) -> list[Config]:
         told = [(cost, key) for key, cost in self.costs.items() if cost < FAILED]
         told.sort()
-        parents = [self._config(key) for _, key in told[:self.population]]
+        parents = [self.space.config(key) for _, key in told[:self.population]]
         children: dict[tuple[Any, ...], Config] = {}
         if len(parents) >= 2:
             exclude = self.exclude()
@@ -60,9 +60,6 @@ class Genetic(Strategy):
             exclude = self.exclude() | set(children)
             children.update((self.space.key(c), c) for c in self.space.sample(self.rng, missing, exclude))
         return list(children.values())
-
-    def _config(self, key: tuple[Any, ...]) -> Config:
-        return dict(zip(self.space.names, key, strict=True))
 
     def _tournament(self, parents: list[Config]) -> Config:
         # parents are sorted fastest first: the smaller of two random positions is the faster

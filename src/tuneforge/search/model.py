@@ -65,7 +65,7 @@ class ModelSearch(Strategy):
 
         finite = [c for _, c in told if c < FAILED]
         worst = 2 * max(finite)
-        x = np.array([self.space.position(self._config(key)) for key, _ in told], dtype=float)
+        x = np.array([self.space.position(self.space.config(key)) for key, _ in told], dtype=float)
         y = np.log([c if c < FAILED else worst for _, c in told])
         model = self._regressor(n_estimators=_TREES, min_samples_leaf=1, random_state=self.rng.randrange(2**31))
         model.fit(x, y)
@@ -83,9 +83,6 @@ class ModelSearch(Strategy):
         unique = {self.space.key(c): c for c in chosen}
         return list(unique.values())
 
-    def _config(self, key: tuple[Any, ...]) -> Config:
-        return dict(zip(self.space.names, key, strict=True))
-
     def _candidates(self) -> list[Config]:
         exclude = self.exclude()
         listed = self.space.listed()
@@ -94,7 +91,7 @@ class ModelSearch(Strategy):
         found = {self.space.key(c): c for c in self.space.sample(self.rng, _CANDIDATES, exclude)}
         leaders = sorted((cost, key) for key, cost in self.costs.items() if cost < FAILED)[:5]
         for _, key in leaders:
-            for c in self.space.neighbours(self._config(key), 2):
+            for c in self.space.neighbours(self.space.config(key), 2):
                 k = self.space.key(c)
                 if k not in exclude:
                     found[k] = c

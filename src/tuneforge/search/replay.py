@@ -19,7 +19,7 @@ from typing import Any
 from tuneforge.search.budget import Budget
 from tuneforge.search.driver import SearchResult, search
 from tuneforge.search.registry import make
-from tuneforge.search.space import Config, Space, aligned, shared
+from tuneforge.search.space import Config, Space, aligned, point_of, shared
 from tuneforge.search.strategy import FAILED
 from tuneforge.store.record import Record
 
@@ -55,14 +55,6 @@ class Recording:
                 f"best {self.best:.4g} ms")
 
 
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return json.dumps(value, sort_keys=True)  # a list or dict parameter: its JSON text stands for it
-
-
 def recordings(records: Iterable[Record], *, min_points: int = MIN_POINTS, key: str | None = None,
                by_build: bool = False) -> list[Recording]:
     """The recordings among `records`: per selection key (those starting with `key`, if given), the choices that
@@ -82,7 +74,7 @@ def recordings(records: Iterable[Record], *, min_points: int = MIN_POINTS, key: 
             same = json.dumps(sorted(r.params.items()), default=str)
             units.setdefault(build if isinstance(build, str) else same, []).append(r)
         points: dict[tuple[Any, ...], tuple[Config, float]] = {}
-        configs = aligned([shared([{n: _hashable(v) for n, v in r.params.items()} for r in unit])
+        configs = aligned([shared([point_of(r.params) for r in unit])
                            for unit in units.values()], "_build" if by_build else "_choice")
         for config, unit in zip(configs, units.values(), strict=True):
             cost = min((r.median_ms for r in unit if r.status == "ok" and r.median_ms and math.isfinite(r.median_ms)),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -101,6 +102,19 @@ def shared(configs: Sequence[Mapping[str, Any]]) -> Config:
     one build, say) has in common, as a point of a coarser space."""
     first = configs[0]
     return {name: value for name, value in first.items() if all(c.get(name, _MISSING) == value for c in configs[1:])}
+
+
+def point_of(params: Mapping[str, Any]) -> Config:
+    """A choice's or record's parameters as a point for `Space.from_points`: names that can be parameters (Python
+    identifiers), and values that can be keys (a list or dict value stands as its JSON text)."""
+    def hashable(value: Any) -> Any:
+        try:
+            hash(value)
+            return value
+        except TypeError:
+            return json.dumps(value, sort_keys=True, default=str)
+
+    return {name: hashable(value) for name, value in params.items() if name.isidentifier()}
 
 
 def aligned(points: Sequence[Mapping[str, Any]], tag: str = "_group") -> list[Config]:
@@ -215,6 +229,10 @@ class Space:
     def key(self, config: Mapping[str, Any]) -> tuple[Any, ...]:
         """A hashable identity of a configuration: its values in parameter order."""
         return tuple(config[name] for name in self.names)
+
+    def config(self, key: Sequence[Any]) -> Config:
+        """The configuration whose `key` this is."""
+        return dict(zip(self.names, key, strict=True))
 
     def problem(self, config: Mapping[str, Any]) -> str | None:
         """Why `config` is not in the space (None: it is)."""

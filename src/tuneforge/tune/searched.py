@@ -26,7 +26,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.search import Budget, Space, make, search
 from tuneforge.search.driver import Prune
-from tuneforge.search.space import aligned, shared
+from tuneforge.search.space import aligned, point_of, shared
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 
@@ -127,19 +127,10 @@ def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:
     return list(groups.values())
 
 
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return json.dumps(value, sort_keys=True, default=str)
-
-
 def _points(units: Sequence[Sequence[Choice]]) -> list[dict[str, Any]]:
     """One point of the search space per build: the parameters its configurations share (what was compiled in),
     aligned (search.space.aligned) so that every point has every name and no two look alike."""
-    return aligned([shared([{name: _hashable(v) for name, v in c.params.items() if name.isidentifier()}
-                            for c in unit]) for unit in units], "_build")
+    return aligned([shared([point_of(c.params) for c in unit]) for unit in units], "_build")
 
 
 def _cost(record: Record | None, statistic: str) -> float | None:
