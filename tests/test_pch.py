@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,12 @@ from tuneforge.errors import CompileError
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or default_toolchain().kind != "gcc",
                                 reason="precompiled headers are used with g++ only")
+
+
+@pytest.fixture(autouse=True)
+def whole_modules() -> Iterator[None]:
+    with config.patch(cpp_split_bindings=False):  # modules compiled as one unit, as the header is for
+        yield
 
 
 def module(body: str, name: str) -> tuple[object, str]:

@@ -197,7 +197,8 @@ def test_fresh_process_with_warm_records_builds_and_benchmarks_nothing(tuning: P
     """
     env = {"TUNEFORGE_CPP_CXX": str(wrapper_compiler)}
     first = json.loads(run_python(code, env=env).stdout)
-    assert first == ["test_add_0", "tuned", ["add_slower", "test_add_0"], [2.0, 2.0, 2.0], 1]
+    # Two artifacts stored: the module and the object of its bindings (compile/split_module.py).
+    assert first == ["test_add_0", "tuned", ["add_slower", "test_add_0"], [2.0, 2.0, 2.0], 2]
     compiles = (wrapper_compiler.parent / "compiler.log").read_text().count("\n")
     # A warm start needs no -march probe (only builds do): a probe would write its result back here.
     targets = list((tuning / "toolchains").glob("*.target.json"))
@@ -205,7 +206,7 @@ def test_fresh_process_with_warm_records_builds_and_benchmarks_nothing(tuning: P
     for probe in targets:
         probe.unlink()
     second = json.loads(run_python(code, env={**env, "TUNEFORGE_TEST_FORBID_COMPILE": "1"}).stdout)
-    assert second == ["test_add_0", "records", [], [2.0, 2.0, 2.0], 1]
+    assert second == ["test_add_0", "records", [], [2.0, 2.0, 2.0], 2]
     assert (wrapper_compiler.parent / "compiler.log").read_text().count("\n") == compiles
     assert list((tuning / "toolchains").glob("*.target.json")) == []
 

@@ -88,6 +88,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cpp.precompiled_header", parsing.parse_bool, parsing.coerce_bool, True,
             "Compile extension modules with a precompiled CPython header (g++; under <cache_dir>/pch): the same "
             "code, a third of a small module's compile time.", in_cache_key=False),
+    Setting("cpp.split_bindings", parsing.parse_bool, parsing.coerce_bool, True,
+            "Compile a module's generated bindings once, apart from its kernel, and link them in (Linux, g++ or "
+            "clang++): the same module, the kernel compiled without Python.h.", in_cache_key=False),
     Setting("cpp.include_dirs", parsing.parse_path_list, parsing.coerce_path_tuple, (),
             "Extra include directories for every C++ build (os.pathsep separated in the environment)."),
     Setting("cuda.compiler", parsing.parse_optional_str, parsing.coerce_optional_str, None,

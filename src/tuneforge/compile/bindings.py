@@ -102,7 +102,7 @@ static int pointer(PyObject* obj, bool writable, Buf& buf, void** out) {
 """
 
 
-def _wrapper(proto: Prototype) -> str:
+def _wrapper(proto: Prototype, *, opaque: bool) -> str:
     lines = [f"static PyObject* tuneforge_wrap_{proto.name}(PyObject*, PyObject* const* args, Py_ssize_t nargs) {{",
              f"  if (nargs != {len(proto.params)}) {{",
              f'    PyErr_Format(PyExc_TypeError, "{proto.name}() takes {len(proto.params)} arguments (%zd given)",'
@@ -120,7 +120,7 @@ def _wrapper(proto: Prototype) -> str:
         else:
             lines += [f"  double a{i} = PyFloat_AsDouble(args[{i}]);",
                       f"  if (a{i} == -1.0 && PyErr_Occurred()) return NULL;"]
-        call_args.append(f"({param.ctype})a{i}")
+        call_args.append(f"a{i}" if opaque and param.kind == "pointer" else f"({param.ctype})a{i}")
     call = f"{proto.name}({', '.join(call_args)})"
     if proto.ret_kind == "void":
         lines += ["  Py_BEGIN_ALLOW_THREADS", f"  {call};", "  Py_END_ALLOW_THREADS", "  Py_RETURN_NONE;"]
@@ -132,29 +132,78 @@ def _wrapper(proto: Prototype) -> str:
     return "\n".join(lines)
 
 
-def module_source(source: str, functions: Sequence[str]) -> str:
-    """A complete extension module: the user's source, then generated wrappers and PyInit."""
+def _checked(functions: Sequence[str]) -> list[Prototype]:
     protos = [parse_prototype(f) for f in functions]
     names = [p.name for p in protos]
     if len(set(names)) != len(names):
         raise CompileError(f"duplicate function names in {names}", command=[], stderr="", source_path=None)
-    module = "tfmod_" + hashlib.sha256((source + "\0" + "\0".join(functions)).encode()).hexdigest()[:20]
+    return protos
+
+
+def module_name(source: str, functions: Sequence[str]) -> str:
+    return "tfmod_" + hashlib.sha256((source + "\0" + "\0".join(functions)).encode()).hexdigest()[:20]
+
+
+def _bindings(protos: Sequence[Prototype], *, opaque: bool) -> list[str]:
+    """The wrappers, method table, module definition and `tuneforge_make_module(name)`."""
     table = "\n".join(f'  {{"{p.name}", (PyCFunction)(void (*)(void))tuneforge_wrap_{p.name}, METH_FASTCALL, '
                       f'"{p.ret} {p.name}({", ".join(q.ctype for q in p.params)})"}},' for p in protos)
+    return [_PRELUDE, *(_wrapper(p, opaque=opaque) for p in protos),
+            f"static PyMethodDef tuneforge_methods[] = {{\n{table}\n  {{NULL, NULL, 0, NULL}}\n}};",
+            "static struct PyModuleDef tuneforge_module = {PyModuleDef_HEAD_INIT, NULL, NULL, -1, tuneforge_methods};",
+            _make_module([p.name for p in protos])]
+
+
+def module_source(source: str, functions: Sequence[str]) -> str:
+    """A complete extension module in one translation unit: the user's source, then wrappers and PyInit."""
+    protos = _checked(functions)
+    module = module_name(source, functions)
     return "\n".join([
         *PROLOGUE.rstrip("\n").split("\n"),  # what pch.py precompiles: keep it first
-        "// ---- user source ----", source, "// ---- generated bindings ----", _PRELUDE,
-        *(_wrapper(p) for p in protos),
-        f"static PyMethodDef tuneforge_methods[] = {{\n{table}\n  {{NULL, NULL, 0, NULL}}\n}};",
-        f'static struct PyModuleDef tuneforge_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '
-        "tuneforge_methods};",
-        _init(module, names), "",
+        "// ---- user source ----", source, "// ---- generated bindings ----", *_bindings(protos, opaque=False),
+        f'PyMODINIT_FUNC PyInit_{module}(void) {{ return tuneforge_make_module("{module}"); }}', "",
     ])
 
 
-def _init(module: str, names: Sequence[str]) -> str:
-    """PyInit: the module, plus `tuneforge_addresses` mapping each function's name to its C address, so a
-    C caller (a dispatcher) can skip the Python wrapper."""
+# The same module as two translation units (split_module.py): the user's source without Python.h, and
+# bindings that depend only on the functions' prototypes, compiled once and linked into every module.
+_LOCAL = '__attribute__((visibility("hidden")))'  # resolved inside each module, never across modules
+
+
+def kernel_unit(source: str, functions: Sequence[str]) -> str:
+    """The user's source; each function declared again with C linkage (a mismatch is a compile error, not a
+    wrong call) and aliased (an alias of a function the unit does not define is a compile error, as the
+    one-unit module's call of it is, not an import error); and a PyInit that hands over to the bindings unit."""
+    protos = _checked(functions)
+    module = module_name(source, functions)
+    declared = [f.strip().rstrip(";") for f in functions]
+    aliases = [re.sub(rf"\b{p.name}\s*\(", f"tuneforge_defined_{p.name}(", text, count=1)
+               + f' {_LOCAL} __attribute__((alias("{p.name}")))' for p, text in zip(protos, declared, strict=True)]
+    return "\n".join([
+        "#include <stdint.h>", "#include <stddef.h>", "// ---- user source ----", source,
+        "// ---- generated entry points ----", *(f'extern "C" {text};' for text in [*declared, *aliases]),
+        f'extern "C" {_LOCAL} struct _object* tuneforge_make_module(const char* name);',
+        f'extern "C" __attribute__((visibility("default"))) struct _object* PyInit_{module}(void) {{',
+        f'  return tuneforge_make_module("{module}");', "}", "",
+    ])
+
+
+def bindings_unit(functions: Sequence[str]) -> str:
+    """The wrappers for `functions`, apart from their source. Pointers are declared `void*`: the unit never
+    sees the user's types (a pointer to a user typedef is passed as is), and a pointer is a pointer in
+    the calling convention."""
+    protos = _checked(functions)
+    declarations = [f'extern "C" {p.ret} {p.name}({", ".join(_opaque(q) for q in p.params)});' for p in protos]
+    return "\n".join([*PROLOGUE.rstrip("\n").split("\n"), *declarations, *_bindings(protos, opaque=True), ""])
+
+
+def _opaque(param: Param) -> str:
+    return "void*" if param.kind == "pointer" else param.ctype
+
+
+def _make_module(names: Sequence[str]) -> str:
+    """The module, plus `tuneforge_addresses` mapping each function's name to its C address, so a C caller
+    (a dispatcher) can skip the Python wrapper."""
     adds = "\n".join(f'  if (tuneforge_add_address(addresses, "{n}", (void*)&{n})) {{ Py_DECREF(m); return NULL; }}'
                      for n in names)
     return "\n".join([
@@ -164,7 +213,8 @@ def _init(module: str, names: Sequence[str]) -> str:
         "  Py_XDECREF(v);",
         "  return rc;",
         "}",
-        f"PyMODINIT_FUNC PyInit_{module}(void) {{",
+        f'extern "C" {_LOCAL} PyObject* tuneforge_make_module(const char* name) {{',
+        "  tuneforge_module.m_name = name;",
         "  PyObject* m = PyModule_Create(&tuneforge_module);",
         "  if (m == NULL) return NULL;",
         "  PyObject* addresses = PyDict_New();",

@@ -27,7 +27,8 @@ from types import ModuleType
 from typing import Any
 
 from tuneforge import config
-from tuneforge.compile import builders, pch
+from tuneforge.compile import builders, pch, split_module
+from tuneforge.compile.bindings import bindings_unit, module_source, parse_prototype
 from tuneforge.compile.failed import keep_failed, run_compiler
 from tuneforge.compile.toolchain import Toolchain, default_toolchain
 from tuneforge.errors import CompileError
@@ -55,6 +56,11 @@ class CppBuild:
     openmp: bool = False
     include_dirs: tuple[str, ...] = ()
     python_module: bool = False
+    # A module with generated bindings: the prototypes and the user's part of `source` (split_module.py
+    # compiles them as two units where it can); `object_file`: the object of such bindings alone.
+    functions: tuple[str, ...] = ()
+    user_source: str = ""
+    object_file: bool = False
     # Who asked for the build (a template choice's render identity) and the functions the module
     # exports: kept in the artifact's meta so a record naming the artifact can be checked without a
     # render, but not part of the key (or of equality): the same source is the same artifact.
@@ -63,6 +69,8 @@ class CppBuild:
 
     @property
     def output_name(self) -> str:
+        if self.object_file:
+            return split_module.OBJECT_NAME
         return f"module{MODULE_SUFFIX}" if self.python_module else LIBRARY_NAME
 
 
@@ -119,9 +127,10 @@ def _include_dirs(build: CppBuild) -> list[str]:
 
 
 def compile_command(build: CppBuild, toolchain: Toolchain, source: str, output: str) -> list[str]:
+    flags = [*_effective_flags(build), "-c"] if build.object_file else _effective_flags(build)
     return toolchain.command_line(source, output, opt_level=config.get_str("cpp.opt_level"),
                                   march=toolchain.resolve_march(config.get_str("cpp.march")), openmp=build.openmp,
-                                  flags=_effective_flags(build), include_dirs=_include_dirs(build))
+                                  flags=flags, include_dirs=_include_dirs(build), shared=not build.object_file)
 
 
 def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
@@ -134,7 +143,7 @@ def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
     command = [f"-I{placeholders[a[2:]]}" if a.startswith("-I") and a[2:] in placeholders else a
                for a in command[len(toolchain.command):]]
     material: dict[str, Any] = {
-        "artifact": "cpp-module" if build.python_module else "cpp-shared",
+        "artifact": "cpp-object" if build.object_file else "cpp-module" if build.python_module else "cpp-shared",
         "format": ARTIFACT_FORMAT,
         "source_sha256": hashlib.sha256(build.source.encode()).hexdigest(),
         "command": command,
@@ -156,8 +165,14 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
     (staging / SOURCE_NAME).write_text(build.source)
     command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)
     started = time.perf_counter()
-    header = pch.header_for(command, toolchain) if build.python_module else None
     proc = None
+    bindings = _bindings_object(build, toolchain)
+    if bindings is not None:
+        proc = split_module.compile_module(staging, user_source=build.user_source, functions=build.functions,
+                                           output=build.output_name, command=command, bindings=bindings)
+    header = None
+    if proc is None and build.python_module and not build.object_file:
+        header = pch.header_for(command, toolchain)
     if header is not None:  # the same source and object code, Python.h read precompiled (pch.py)
         proc = run_compiler([*command[:-3], "-Winvalid-pch", "-include", str(header), *command[-3:]], cwd=staging,
                             what="C++ compile", keep=lambda output: _keep_failed(key, build, command, output))
@@ -179,7 +194,7 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
                            stderr=proc.stderr, source_path=kept, returncode=proc.returncode)
     if config.get_bool("debug"):
         log.info("compiled %s: %s", key, " ".join(command))
-    module = _INIT.findall(build.source)[0] if build.python_module else None
+    module = _INIT.findall(build.source)[0] if build.python_module and not build.object_file else None
     meta: dict[str, Any] = {"output": build.output_name, "compile_seconds": round(time.perf_counter() - started, 4),
                             "compiler_warnings": proc.stderr[-4000:], "module": module}
     if build.origin:
@@ -206,6 +221,20 @@ def build(build: CppBuild) -> CppArtifact:
 
     entry = artifact_tiers.get_or_build(key, run_compiler, key_inputs=material)  # local, remote, else compiled
     return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
+
+
+def _bindings_object(module: CppBuild, toolchain: Toolchain) -> Path | None:
+    """The object file of `module`'s generated bindings (built once for its prototypes and options), where the
+    module is built in two units (split_module.py); None: build it whole."""
+    if module.object_file or not split_module.applies(module.functions, toolchain):
+        return None
+    request = replace(module, source=bindings_unit(module.functions), user_source="", object_file=True, origin="",
+                      entries=())
+    try:
+        return build(request).library_path
+    except CompileError as exc:  # the wrappers alone always compile, or the one-unit build will say why not
+        log.debug("the bindings object of %s did not compile (%s); building the module whole", module.functions, exc)
+        return None
 
 
 def _build_for_pool(request: CppBuild) -> tuple[str, Path, bool]:
@@ -262,7 +291,6 @@ def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequenc
 
     `origin` names who asks (see `CppBuild.origin`); it goes into the artifact's meta, not its key.
     """
-    from tuneforge.compile.bindings import module_source, parse_prototype
 
     full_source = module_source(source, functions) if functions else source
     names = _INIT.findall(full_source)
@@ -272,7 +300,8 @@ def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequenc
                            command=[], stderr="", source_path=None)
     request = _request(full_source, flags, openmp, include_dirs, python_module=True)
     entries = tuple(parse_prototype(f).name for f in functions)
-    return replace(request, origin=origin, entries=entries)
+    return replace(request, origin=origin, entries=entries, functions=tuple(functions),
+                   user_source=source if functions else "")
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:
