@@ -109,8 +109,9 @@ def run_tuneforge(n: int, strategy: str | None) -> dict[str, Any]:
     configs = [dict(zip(TILES, values, strict=True)) for values in itertools.product(*TILES.values())]
     choices = [tuneforge.ExternChoice(numpy_matmul, name="numpy_matmul"), *template.choices(configs)]
     spec = tuneforge.TensorSpec.contiguous((n, n), "float32")
+    select_detailed = tuneforge.select_detailed  # imported before the clock starts, as Kernel Tuner's tune_kernel
     started = time.perf_counter()
-    selection = tuneforge.select_detailed("peer_matmul", choices, [spec, spec], out=spec, strategy=strategy)
+    selection = select_detailed("peer_matmul", choices, [spec, spec], out=spec, strategy=strategy)
     elapsed = time.perf_counter() - started
     report = selection.report
     timed = sum(1 for r in selection.records.values() if r.params)

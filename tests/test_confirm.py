@@ -168,11 +168,18 @@ def test_library_batches_pause_once_per_pair(monkeypatch: pytest.MonkeyPatch) ->
     pair of library batches, and a library batch waits KERNEL_PAUSE_S after a kernel's."""
     from tuneforge.tune import confirm
 
-    pauses: list[float] = []
+    pauses: list[object] = []
+
+    def settle(max_s: float) -> float:
+        pauses.append(("until idle", max_s))
+        return max_s
+
     monkeypatch.setattr(confirm.time, "sleep", pauses.append)
+    monkeypatch.setattr(confirm, "settle", settle)
     with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.05):
         time_side_by_side([lambda: None, lambda: None], lambda: None, typical_ms=5.0, settle_after=[False, True])
-    assert pauses == [0.05, confirm.KERNEL_PAUSE_S] * 3  # 5 rounds: k L | L k | k L | L k | k L
+    # 5 rounds: k L | L k | k L | L k | k L
+    assert pauses == [("until idle", 0.05), confirm.KERNEL_PAUSE_S] * 3
 
 
 def test_a_drifted_first_timing_is_corrected(tuning: Path) -> None:

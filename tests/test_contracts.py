@@ -124,6 +124,7 @@ def test_the_worker_answers_an_unreadable_job_with_a_typed_event(quick_tuning: P
     from tuneforge.tune.runner import WorkerProcess
 
     worker = WorkerProcess()
+    worker.wait_ready()
     try:
         data = b"ctuneforge_no_such_module\nthing\n."  # a pickle naming a module the worker cannot import
         os.write(worker.proc.stdin.fileno(), struct.pack("<Q", len(data)) + data)  # type: ignore[union-attr]

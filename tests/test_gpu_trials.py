@@ -93,6 +93,7 @@ def test_the_started_gpu_worker_has_that_environment(quick_tuning: Path, monkeyp
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     worker = runner.WorkerProcess("cuda:3")
     try:
+        worker.wait_ready()  # started: until its exec is through, /proc shows no environment at all
         environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
         assert b"CUDA_VISIBLE_DEVICES=3" in environ
     finally:

@@ -13,8 +13,9 @@ import pytest
 
 from tuneforge.search import pow2
 from tuneforge.store.default import default_records
-from tuneforge.tune.choices import ExternChoice
-from tuneforge.tune.searched import SEARCH_INFO, SearchPlan
+from tuneforge.store.records import Record
+from tuneforge.tune.choices import Choice, ExternChoice
+from tuneforge.tune.searched import SEARCH_INFO, SearchPlan, search_candidates
 from tuneforge.tune.select import clear_memo, select_detailed
 from tuneforge.tune.template import KernelTemplate
 
@@ -97,6 +98,26 @@ def test_a_search_times_a_sixth_of_the_space_and_finds_a_near_best(quick: Path) 
     timed_again = [name for name in more.benchmarked if name in {c.name for c in choices if c.hash_key in timed}]
     assert more.source == "tuned" and 0 < len(more.benchmarked) <= 96 + 4  # its budget, and the finalists
     assert len(timed_again) <= 4  # of the first search's, only finalists are timed again
+
+
+@pytest.mark.parametrize(("budget", "jobs"), [("6", 1), ("12", 3)])
+def test_finalists_are_timed_again_unless_the_search_was_one_job(cache_dir: Path, budget: str, jobs: int) -> None:
+    calls: list[list[str]] = []
+    records: dict[str, Record] = {}
+
+    def measure_some(choices: Any, keep_inputs: bool) -> None:  # what select's measuring records, by the cost model
+        calls.append([c.name for c in choices])
+        for c in choices:
+            records[c.hash_key] = Record(key="k", choice=c.hash_key, op="searched", choice_name=c.name, status="ok",
+                                         median_ms=cost(c.params) if c.params else 3.0)
+
+    choices: list[Choice] = candidates()
+    plan = SearchPlan("random", SearchPlan.of("default", budget).budget, batch=6)
+    winner = search_candidates(plan, choices, records, measure_some, "median")
+    assert winner is not None and winner.info[SEARCH_INFO]
+    assert len(calls) == jobs  # 6 builds: one batch, its timings side by side; 12: two batches, then finalists
+    if jobs > 1:
+        assert len(calls[-1]) == plan.finalists + 1 and "double" in calls[-1]
 
 
 def test_a_budget_alone_searches_with_the_default_strategy(quick: Path) -> None:

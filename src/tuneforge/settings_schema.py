@@ -151,8 +151,9 @@ SETTINGS: tuple[Setting, ...] = (
             "budget only to those within this many times the fastest (0: time every choice fully).",
             in_cache_key=False),
     Setting("autotune.settle_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.2,
-            "Pause after a library call is timed, so its thread pool is idle before kernels are timed "
-            "(OpenBLAS's threads spin for about 0.1-0.15 s after a call).",
+            "Longest pause after a library call is timed, so its thread pool is idle before kernels are timed "
+            "(OpenBLAS's threads spin for about 0.1-0.15 s after a call); the pause ends once the process "
+            "uses no CPU.",
             in_cache_key=False),
     Setting("autotune.flush_cache", parsing.parse_bool, parsing.coerce_bool, False,
             "Evict the last-level cache before every timed run (cold-cache timings).", in_cache_key=False),

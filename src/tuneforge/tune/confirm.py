@@ -25,6 +25,7 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.bench import Timing
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.quiet import settle
 
 # At least 5 rounds: the fewest in which a choice faster in every one is a statement (sign test p = 1/32);
 # 3 could never say better than p = 1/8.
@@ -67,9 +68,9 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     batch's median in each round (what `confidence` compares).
 
     ``settle_after[i]``: run i is a library call whose thread pool may keep spinning and slow down whatever
-    runs next, so a batch of another run that follows it starts after a pause of `autotune.settle_s`; a
-    library batch that follows a kernel's starts after KERNEL_PAUSE_S. Rounds alternate their order, so
-    library batches come in pairs (k L | L k | k L ...): one pause per pair, not one per batch.
+    runs next, so a batch of another run that follows it starts once the pool is idle (quiet.py; at most
+    `autotune.settle_s`); a library batch that follows a kernel's starts after KERNEL_PAUSE_S. Rounds alternate
+    their order, so library batches come in pairs (k L | L k | k L ...): one pause per pair, not one per batch.
     """
     batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
     warm_up = typical_ms < WARM_UP_BELOW_MS
@@ -90,9 +91,9 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                 break
             order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
             for i in order:
-                pause = settle_s if after_library and not settle_after[i] else \
-                    min(settle_s, KERNEL_PAUSE_S) if settle_after[i] and not after_library else 0.0
-                if pause > 0:
+                if after_library and not settle_after[i]:
+                    paused += settle(settle_s)  # until the library's pool has gone idle (quiet.py)
+                elif settle_after[i] and not after_library and (pause := min(settle_s, KERNEL_PAUSE_S)) > 0:
                     time.sleep(pause)
                     paused += pause
                 after_library = settle_after[i]

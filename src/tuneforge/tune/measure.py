@@ -38,6 +38,10 @@ class Outcome:
     isolated: bool = False
 
 
+def _isolating(job: TrialJob, choices: Sequence[Choice]) -> bool:
+    return job.live_args is None and config.get_bool("autotune.isolate") and any(c.is_native for c in choices)
+
+
 def _split(job: TrialJob, choices: Sequence[Choice],
            reference: Choice | None) -> tuple[list[Choice], list[Choice], dict[int, frozenset[str]]]:
     """(choices for the isolated worker, choices to run here, the ``__main__`` names that the job, the
@@ -45,7 +49,7 @@ def _split(job: TrialJob, choices: Sequence[Choice],
 
     Each object is pickled once here, for both answers; it is pickled again only when sent.
     """
-    if job.live_args is not None or not config.get_bool("autotune.isolate") or not any(c.is_native for c in choices):
+    if not _isolating(job, choices):
         return [], list(choices), {}
     shared = [job, *([reference] if reference is not None else [])]
     checks = {id(obj): check_pickle(obj) for obj in shared}
@@ -78,6 +82,13 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     started = time.perf_counter()
     to_build = list(choices) + ([reference] if reference is not None and reference not in choices else [])
     pool = default_pool()
+    if _isolating(job, choices):
+        from tuneforge.tune.runner import prestart
+
+        # It starts up while the choices compile. Before they are submitted: the pool may fork its workers then,
+        # and a fork while this thread starts a process would keep the new process's exec-error pipe open in the
+        # fork, and this thread waiting for it.
+        prestart(job.device)
     futures = {c.hash_key: c.build(pool) for c in to_build}
     pool.wait(list(futures.values()))
     built = []

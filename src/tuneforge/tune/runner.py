@@ -79,11 +79,18 @@ class WorkerProcess:
         self._read = self.proc.stdout.fileno()
         cpus = list(config.get_ints("autotune.worker_cpus"))
         send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus})
+        self.pid = self.proc.pid
+        self.ready = False  # whether it said so (wait_ready)
+        self.main_loaded = False  # whether this worker has imported the parent's main script
+
+    def wait_ready(self) -> None:
+        """Wait for the worker's first message, once: it has started and can take jobs."""
+        if self.ready:
+            return
         ready = self.receive(_STARTUP_TIMEOUT_S)
         if ready[0] != "ready":
             raise RuntimeError(f"benchmark worker sent {ready!r} instead of ready")
-        self.pid = int(ready[1])
-        self.main_loaded = False  # whether this worker has imported the parent's main script
+        self.ready = True
 
     def send(self, message: Any) -> None:
         send(self._write, message)
@@ -117,7 +124,27 @@ def _worker(device: str = "cpu") -> WorkerProcess:
     worker = _workers.get(device)
     if worker is None or not worker.alive():
         worker = _workers[device] = WorkerProcess(device)
+    try:
+        worker.wait_ready()
+    except BaseException:
+        _discard(device)
+        raise
     return worker
+
+
+def prestart(device: str = "cpu") -> None:
+    """Start the worker for `device` if none runs, without waiting for it: it starts up (0.15 s: Python, numpy)
+    while the choices are compiled. Nothing when another thread is using the workers."""
+    if _in_worker or not _lock.acquire(blocking=False):
+        return
+    try:
+        worker = _workers.get(device)
+        if worker is None or not worker.alive():
+            _workers[device] = WorkerProcess(device)
+    except (OSError, RuntimeError) as exc:  # tried again, and reported, when a job needs it
+        log.debug("could not start the benchmark worker ahead of the builds: %s", exc)
+    finally:
+        _lock.release()
 
 
 def _discard(device: str = "cpu") -> None:

@@ -8,8 +8,9 @@ candidates (library calls) are always timed, in the first batch. The strategy as
 built in parallel and timed in one worker job (which keeps its example inputs and reference outputs for the next
 batch); configurations with a record already cost nothing. When the budget (builds) is spent the fastest few
 configurations (`finalists`) and the fastest library call are timed again side by side in one job, so that the
-pick does not hang on timings taken minutes apart; then the search is marked done on the winner's record, and a
-later process with the same candidates, strategy and budget decides from the records without searching again.
+pick does not hang on timings taken minutes apart (unless the search was one job: they were timed together);
+then the search is marked done on the winner's record, and a later process with the same candidates, strategy
+and budget decides from the records without searching again.
 """
 
 from __future__ import annotations
@@ -98,13 +99,15 @@ def search_candidates(plan: SearchPlan, candidates: Sequence[Choice], records: d
     by_key = {space.key(p): unit for p, unit in zip(points, units, strict=True)}
     strategy = make(plan.strategy, space, seed=config.get_int("autotune.seed"), **dict(plan.options))
     first = [c for c in always if c.hash_key not in records]
+    known, jobs = set(records), 0
 
     def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
-        nonlocal first
+        nonlocal first, jobs
         chosen = [by_key[space.key(p)] for p in asked]
         todo, first = first + [c for unit in chosen for c in unit if c.hash_key not in records], []
         if todo:
             measure_some(todo, True)
+            jobs += 1
         costs = [[t for c in unit if (t := _cost(records.get(c.hash_key), statistic)) is not None] for unit in chosen]
         return [min(unit_costs) if unit_costs else None for unit_costs in costs]
 
@@ -113,7 +116,9 @@ def search_candidates(plan: SearchPlan, candidates: Sequence[Choice], records: d
     log.info("search %s: %d of %d builds timed (%d configurations; %d pruned), stopped by %s", plan.strategy,
              result.evaluations, len(units), len(configured), result.pruned, result.stopped)
     finalists = _finalists(plan, configured, always, records, statistic)
-    if first or len(finalists) > 1:
+    # Timed in this search's one job, the finalists were timed side by side already (a near tie re-timed there).
+    together = jobs == 1 and not any(c.hash_key in known for c in finalists)
+    if first or (len(finalists) > 1 and not together):
         measure_some([*first, *finalists] if first else finalists, False)
     return _mark(plan, candidates, records, statistic)
 

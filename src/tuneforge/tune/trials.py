@@ -44,6 +44,7 @@ from tuneforge.tune.events import (
     TrialsDone,
 )
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
+from tuneforge.tune.quiet import settle
 from tuneforge.tune.sample import SAMPLED, calibrated, scaled
 
 log = logging.getLogger("tuneforge.tune")
@@ -107,7 +108,7 @@ class Trials:
         if reference.is_extern:
             # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
             # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
-            time.sleep(config.get_float("autotune.settle_s"))
+            settle(config.get_float("autotune.settle_s"))
 
     def problem(self, choice: Choice, whole: bool = False) -> tuple[list[Any], list[Any], list[Any] | None, float]:
         """What `choice` runs on: (arguments, their initial state, the expected outputs, and the factor from its
@@ -416,7 +417,7 @@ def _settle_sampled(trials: Trials, results: list[tuple[int, Choice, Record]], e
             break
         emit(ChoiceStarted(i))  # a crash now is this choice's
         if not ratios and any(c.is_extern for _, c, _ in results):
-            time.sleep(config.get_float("autotune.settle_s"))  # library calls ran last: let their threads go idle
+            settle(config.get_float("autotune.settle_s"))  # library calls ran last: let their threads go idle
         whole = trials.run(choice, whole=True)
         emit(ChoiceConfirmed(i, whole))
         results[pos] = (i, choice, whole)
