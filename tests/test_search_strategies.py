@@ -136,3 +136,35 @@ def test_prune_drops_configurations_without_spending_evaluations() -> None:
     assert max(given) == 8
     with pytest.raises(ValueError, match="was not among"):
         search(space, make("exhaustive", space), evaluate, prune=lambda cs: [OPTIMUM | {"BK": 9}])
+
+
+def test_the_additive_model_predicts_the_optimum_from_a_sample() -> None:
+    import random
+
+    from tuneforge.search.additive import predicted_best
+
+    space = tiled_space()
+    listed = space.listed()
+    assert listed is not None
+    timed = random.Random(3).sample([c for c in listed if c != OPTIMUM], 60)  # 4.5% of the space, not the best
+    costs = {space.key(c): tiled_cost(c) for c in timed}
+    untimed = [c for c in listed if space.key(c) not in costs]
+    assert predicted_best(space, costs, untimed) == OPTIMUM  # costs near additive in the parameters' values
+    assert predicted_best(space, {}, untimed) is None and predicted_best(space, costs, []) is None
+    assert predicted_best(space, {k: FAILED for k in costs}, untimed) is None  # failures teach it nothing
+
+
+def test_model_restarts_after_the_first_descent() -> None:
+    from tuneforge.search.additive import predicted_best
+
+    space = tiled_space()
+    strategy = CoordinateDescent(space, seed=0, start={"BM": 8, "BN": 8, "BK": 8, "UNROLL": 1, "ORDER": "ji"},
+                                 restart_from="model")
+    while not strategy.optima:  # the first descent, to its local optimum
+        for config in strategy.ask(4):
+            strategy.tell(config, tiled_cost(config))
+    untimed = [c for c in space.listed() or [] if not strategy.seen(c)]
+    assert strategy._next_start() == predicted_best(space, strategy.costs, untimed)
+    with pytest.raises(ValueError, match="restart_from is one of random, model"):
+        CoordinateDescent(space, restart_from="somewhere")
+    assert make("default", space).restart_from == "model"  # type: ignore[attr-defined]

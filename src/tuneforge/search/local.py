@@ -7,7 +7,9 @@ At a local optimum it restarts (with `restarts`) from the best untried start it 
 random point, until the space or the budget is spent.
 
 Where it starts: `start` (a heuristic default, as a kernel family knows one), else the best of `initial`
-random samples (the default strategy takes a few: one start is a gamble on a rugged space).
+random samples (the default strategy takes a few: one start is a gamble on a rugged space). Where it restarts
+(`restart_from`): the best start not descended from yet, else a random configuration; or, with "model", the
+untimed configuration an additive model of the costs so far predicts fastest (additive.py).
 """
 
 from __future__ import annotations
@@ -15,18 +17,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tuneforge.search.additive import predicted_best
 from tuneforge.search.space import Config, Space, SpaceError
 from tuneforge.search.strategy import FAILED, Strategy
+
+RESTART_FROM = ("random", "model")
+MODEL_POOL = 2000  # untimed configurations the model ranks, where the space is too large to list
 
 
 class CoordinateDescent(Strategy):
     name = "coordinate_descent"
 
     def __init__(self, space: Space, seed: int = 0, *, start: Mapping[str, Any] | None = None, initial: int = 0,
-                 radius: int = 1, threshold: float = 0.01, restarts: bool = True) -> None:
+                 radius: int = 1, threshold: float = 0.01, restarts: bool = True, restart_from: str = "random") -> None:
         super().__init__(space, seed)
         if radius < 1 or threshold < 0 or initial < 0:
             raise ValueError("coordinate_descent needs radius >= 1, threshold >= 0 and initial >= 0")
+        if restart_from not in RESTART_FROM:
+            raise ValueError(f"coordinate_descent: restart_from is one of {', '.join(RESTART_FROM)}, not "
+                             f"{restart_from!r}")
+        self.restart_from = restart_from
         if start is not None:
             problem = space.problem(start)
             if problem is not None:
@@ -82,7 +92,12 @@ class CoordinateDescent(Strategy):
                 return False
 
     def _next_start(self) -> Config | None:
-        """The best start not yet descended from (timed ones first), else a fresh random configuration."""
+        """After the first descent with `restart_from="model"`: the untimed configuration the additive model
+        predicts fastest. Else the best start not yet descended from (timed ones first), else a fresh random one."""
+        if self.restart_from == "model" and self.optima:
+            predicted = predicted_best(self.space, self.costs, self._untimed())
+            if predicted is not None:
+                return predicted
         done = {self.space.key(c) for c in self.optima}
         self._starts = sorted((c for c in self._starts if self.space.key(c) not in done), key=self._cost)
         if self._starts:
@@ -90,13 +105,22 @@ class CoordinateDescent(Strategy):
         fresh = self.space.sample(self.rng, 1, self.exclude())
         return fresh[0] if fresh else None
 
+    def _untimed(self) -> list[Config]:
+        listed = self.space.listed()
+        if listed is not None:
+            return [c for c in listed if not self.seen(c)]
+        return self.space.sample(self.rng, MODEL_POOL, self.exclude())  # too many to list: a sample of them
 
 
-# The default strategy: coordinate descent from the best of 6 random samples, stepping up to 2 values along a
-# parameter. Replayed on the shipped exhaustive GEMM recordings (benchmarks/search_replay.py, 20 seeds), radius 2
-# came within 2% of the best in 4.7-19.6% of the configurations (5 of 6 within 15%), radius 1 in 3.5-20.3% with
-# one recording never (a best that radius-1 steps cannot reach from the basins around it).
-DEFAULT_INITIAL, DEFAULT_RADIUS = 6, 2
+
+# The default strategy: coordinate descent from the best of 4 random samples, stepping up to 2 values along a
+# parameter, restarting where the additive model (additive.py) predicts the fastest untimed configuration. Replayed
+# on the shipped exhaustive GEMM recordings (benchmarks/search_replay.py, 20 seeds), it came within 2% of the best in
+# 3.4-15.0% of the configurations (6 of 6 within 15%); with 6 samples and random restarts in 4.7-19.6% (5 of 6),
+# radius 1 in 3.5-20.3% with one recording never (a best that radius-1 steps cannot reach from the basins around
+# it). The sample count was chosen on these recordings (4, 6 and 10 tried): with model restarts fewer random
+# samples pay.
+DEFAULT_INITIAL, DEFAULT_RADIUS, DEFAULT_RESTART_FROM = 4, 2, "model"
 
 
 def default(space: Space, seed: int = 0, **options: Any) -> CoordinateDescent:
@@ -104,4 +128,5 @@ def default(space: Space, seed: int = 0, **options: Any) -> CoordinateDescent:
     optima until the budget is spent."""
     options.setdefault("initial", DEFAULT_INITIAL)
     options.setdefault("radius", DEFAULT_RADIUS)
+    options.setdefault("restart_from", DEFAULT_RESTART_FROM)
     return CoordinateDescent(space, seed, **options)

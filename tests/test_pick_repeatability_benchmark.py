@@ -1,0 +1,44 @@
+"""benchmarks/pick_repeatability.py's verdict (issue 14: the same pick on >= 9 of 10 cold runs where the top two
+differ by > 5%) on made-up figures, and a short real run of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import pick_repeatability  # noqa: E402
+
+STEADY = {"a": 1.0, "b": 1.08, "c": 1.5}  # the top two differ by 8%
+
+
+def test_a_clear_best_must_be_picked_nine_times_of_ten() -> None:
+    verdict = pick_repeatability.judge(["a"] * 9 + ["b"], STEADY)
+    assert verdict["holds"] and verdict["best"] == "a" and abs(verdict["gap"] - 0.08) < 1e-9
+    assert not pick_repeatability.judge(["a"] * 8 + ["b", "c"], STEADY)["holds"]
+
+
+def test_in_a_near_tie_either_is_right() -> None:
+    tie = {"a": 1.0, "b": 1.03, "c": 1.5}
+    assert pick_repeatability.judge(["a"] * 5 + ["b"] * 5, tie)["holds"]
+    assert not pick_repeatability.judge(["a"] * 5 + ["b"] * 3 + ["c"] * 2, tie)["holds"]
+
+
+def test_fewer_runs_scale_the_count() -> None:
+    verdict = pick_repeatability.judge(["a", "a", "b"], STEADY)
+    assert verdict["needed"] == 3 and not verdict["holds"]
+
+
+def test_a_short_real_run(tmp_path: Path) -> None:
+    output = tmp_path / "picks.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "pick_repeatability.py"), "--runs", "1", "--n", "64",
+                           "--strategies", "default", "--rounds", "1", "--output", str(output)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row, = json.loads(output.read_text())
+    assert row["n"] == 64 and row["strategy"] == "default" and len(row["steady_ms"]) == 27
+    assert sum(row["picks"].values()) == 1 and "verdict" in proc.stdout
