@@ -120,8 +120,6 @@ def test_a_recording_by_build_walks_the_builds(tmp_path: Path) -> None:
 
 
 SHIPPED = sorted((Path(__file__).parent / "data" / "spaces").glob("*.json.gz"))
-# avx2 128^3's best is 5.7% ahead of every other configuration: within 2% means finding that one
-HARDER = {"gemm-avx2-float32-128x128x128.json.gz": 0.25}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -131,7 +129,8 @@ def test_the_default_strategy_meets_its_target_on_the_shipped_recordings(path: P
     recording, = recordings(read_records(path))
     results = replay(recording, "default", seeds=20, budget=Budget(fraction=0.3))
     within, = reached(results, recording.best, (0.02,))
-    assert within.median <= HARDER.get(path.name, 0.15) * recording.size, (within.median, recording.size)
+    # avx2 128^3's best is 5.7% ahead of every other configuration: within 2% means finding that one (15.0%)
+    assert within.median <= 0.15 * recording.size, (within.median, recording.size)
 
 
 def test_recordings_ship_for_both_vector_widths() -> None:

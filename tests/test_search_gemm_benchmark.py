@@ -1,0 +1,29 @@
+"""benchmarks/search_gemm.py's children on a tiny shape: a cold search of the GEMM exhaustive space, and its pick
+timed in steady state (the whole benchmark times every candidate of larger shapes: minutes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def child(*args: str, cache: Path) -> dict[str, object]:
+    import os
+
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "search_gemm.py"), *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TUNEFORGE_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_a_cold_search_and_its_pick_in_steady_state(tmp_path: Path) -> None:
+    cold = child("--cold", "16x24x32", "float32", "default", cache=tmp_path / "cold")
+    assert isinstance(cold["pick"], str) and int(str(cold["timed"])) > 0 and float(str(cold["seconds"])) > 0
+    steady = child("--steady", "16x24x32", "float32", str(cold["pick"]), "--rounds", "1", cache=tmp_path / "steady")
+    times = steady["steady_ms"]
+    assert isinstance(times, dict) and list(times) == [cold["pick"]] and times[cold["pick"]] > 0
