@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import compileall
 import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import tuneforge
+from blas_env import child_env
 
 
 def precompile_package() -> None:
@@ -19,9 +27,46 @@ def precompile_package() -> None:
     compileall.compile_dir(str(Path(tuneforge.__file__).parent), quiet=1)
 
 
-def write_results(name: str, results: Any) -> None:
-    """benchmarks/results/<name>.json, and say where it went."""
-    out = Path(__file__).parent / "results" / f"{name}.json"
-    out.parent.mkdir(exist_ok=True)
+def write_results(name: str, results: Any, path: Path | None = None) -> None:
+    """benchmarks/results/<name>.json (or `path`), and say where it went."""
+    out = path or Path(__file__).parent / "results" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def run_fresh_child(script: str, args: list[str], threads: int | None) -> dict[str, Any]:
+    """Run `script args` in a fresh process over a fresh cache (blas_env.child_env with `threads`); the JSON object
+    its last line of output holds."""
+    cache = tempfile.mkdtemp(prefix="tuneforge-bench-")
+    try:
+        env = child_env(threads, "auto", {"TUNEFORGE_CACHE_DIR": cache})
+        proc = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True, cwd=cache)
+        if proc.returncode != 0:
+            raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
+        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return found
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s: float = 0.02) -> dict[str, float]:
+    """Steady figures of `calls`, timed side by side: interleaved rounds (the order reversed every other round),
+    each a burst of calls (as many as last `burst_s`, 3 to 200) after an untimed one; {name: median over rounds
+    of its bursts' median, in ms}."""
+    names = list(calls)
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else list(reversed(names)):
+            call = calls[name]
+            call()  # untimed: after another candidate's burst
+            t0 = time.perf_counter()
+            call()
+            count = max(3, min(200, round(burst_s / max(time.perf_counter() - t0, 1e-7))))
+            times = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+            per_round[name].append(statistics.median(times) * 1e3)
+    return {name: statistics.median(values) for name, values in per_round.items()}

@@ -25,22 +25,17 @@ import argparse
 import collections
 import functools
 import json
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from blas_env import blas_report, child_env
-from common import write_results
+from blas_env import blas_report
+from common import run_fresh_child, side_by_side, write_results
 from peer_kernel_tuner import TF_SOURCE, TILES, launch, numpy_matmul
 
 GAP = 0.05  # the top two "differ" beyond this; a pick within it of the fastest is as good
 NEEDED, OF = 9, 10  # the 9 of 10, scaled to --runs
-BURST = 5
 
 
 def template_choices() -> tuple[list[Any], Any]:
@@ -86,32 +81,11 @@ def steady_child(n: int, rounds: int) -> dict[str, Any]:
     for choice in template_choices()[0]:
         choice.build().result()
         calls[tiles(choice.params)] = functools.partial(choice.run, [a, b, out])
-    per_round: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            call = calls[name]
-            call()  # untimed: after another candidate's burst
-            times = []
-            for _ in range(BURST):
-                t0 = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - t0)
-            per_round[name].append(statistics.median(times) * 1e3)
-    return {"steady_ms": {name: statistics.median(v) for name, v in per_round.items()}}
+    return {"steady_ms": side_by_side(calls, rounds)}
 
 
 def run_child(args: list[str]) -> dict[str, Any]:
-    cache = tempfile.mkdtemp(prefix="tuneforge-picks-")
-    try:
-        env = child_env(1, "auto", {"TUNEFORGE_CACHE_DIR": cache})
-        proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, cwd=cache)
-        if proc.returncode != 0:
-            raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
-        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return found
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    return run_fresh_child(__file__, args, threads=1)
 
 
 def judge(picks: list[str], steady: dict[str, float]) -> dict[str, Any]:
@@ -167,10 +141,7 @@ def main() -> None:
               f"  {picks_text}")
     print(f"judged: where the top two differ by > {GAP:.0%}, >= {NEEDED} of {OF} picks are the fastest; otherwise "
           f">= {NEEDED} of {OF} within {GAP:.0%} of it")
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=1))
-    else:
-        write_results("pick_repeatability", results)
+    write_results("pick_repeatability", results, args.output)
 
 
 if __name__ == "__main__":

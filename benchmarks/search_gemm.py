@@ -22,21 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from blas_env import blas_report, child_env
-from common import write_results
+from blas_env import blas_report
+from common import run_fresh_child, side_by_side, write_results
 
 TOLERANCE = 0.03
 COLD_LIMIT_S = 10.0
-BURST_S = 0.02
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -87,34 +81,11 @@ def steady_child(shape: tuple[int, int, int], dtype: str, picks: list[str], roun
         if not choice.is_extern:
             choice.build().result()
         calls[pick] = (lambda c: lambda: c.run([a, b, 1.0, 0.0, None, out]))(choice)
-    per_round: dict[str, list[float]] = {p: [] for p in picks}
-    for r in range(rounds):
-        for pick in picks if r % 2 == 0 else list(reversed(picks)):
-            call = calls[pick]
-            call()
-            t0 = time.perf_counter()
-            call()
-            count = max(3, min(200, round(BURST_S / max(time.perf_counter() - t0, 1e-7))))
-            times = []
-            for _ in range(count):
-                t0 = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - t0)
-            per_round[pick].append(statistics.median(times) * 1e3)
-    return {"steady_ms": {p: statistics.median(v) for p, v in per_round.items()}}
+    return {"steady_ms": side_by_side(calls, rounds)}
 
 
 def run_child(args: list[str]) -> dict[str, Any]:
-    cache = tempfile.mkdtemp(prefix="tuneforge-search-gemm-")
-    try:
-        env = child_env(None, "auto", {"TUNEFORGE_CACHE_DIR": cache})
-        proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, cwd=cache)
-        if proc.returncode != 0:
-            raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
-        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return found
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    return run_fresh_child(__file__, args, threads=None)
 
 
 def measure(shape_text: str, dtype: str, runs: int, rounds: int) -> dict[str, Any]:
@@ -163,10 +134,7 @@ def main() -> None:
                   f"{s['vs_exhaustive']:+8.1%}  {'holds' if s['holds'] else 'FAILS':7}  {s['info'] or s['name']}")
     print(f"judged: each searched pick within {TOLERANCE:.0%} of the exhaustive pick in steady state, each cold "
           f"search within {COLD_LIMIT_S:g} s")
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=1))
-    else:
-        write_results("search_gemm", results)
+    write_results("search_gemm", results, args.output)
 
 
 if __name__ == "__main__":
