@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuneforge.search import pow2
+from tuneforge.search import Space, pow2
 from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice, ExternChoice
@@ -158,3 +158,55 @@ def test_tune_command_searches_with_a_strategy_and_budget(cache_dir: Path) -> No
     assert bad.returncode == 2 and "--budget" in bad.stderr and "cannot read 'lots'" in bad.stderr
     unknown = subprocess.run([*command, "--strategy", "annealing"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2 and "unknown search strategy 'annealing'" in unknown.stderr
+
+
+# A space far too large to list: the five parameters the kernel's time depends on, times six it ignores.
+HUGE = {"BM": pow2(8, 64), "BN": pow2(8, 64), "BK": pow2(8, 32), "UNROLL": [1, 2, 4, 8], "ORDER": ["ij", "ji"],
+        **{f"PAD{i}": list(range(10)) for i in range(6)}}
+
+
+def spin_template() -> KernelTemplate:
+    return KernelTemplate("searched_spin", SOURCE, signature="kernel", language="python")
+
+
+def test_a_template_space_makes_only_the_choices_its_search_asks_for(quick: Path) -> None:
+    space = spin_template().space(Space(HUGE, ["BM * BN <= 2048"]))
+    assert space.space.listed() is None and space.space.size_bound == 384 * 10**6
+    selection = select_detailed("spaced", [ExternChoice(double, name="double"), space], [np.ones(64)],
+                                out=np.empty(64), strategy="default", budget="40")
+    assert selection.source == "tuned" and selection.choice.name != "double"
+    assert cost(selection.choice.params) <= 1.5, selection.choice.params  # the median is 1.6
+    assert 0 < space.made <= 40  # nothing listed, nothing made but what was timed
+    timed = [r for r in default_records().get(selection.key) if r.params]
+    assert 0 < len(timed) <= 40
+    winner = default_records().get_choice(selection.key, selection.choice.hash_key)
+    assert winner is not None and winner.info[SEARCH_INFO]
+
+    clear_memo()  # a later process: the finished search is in the records, its winner made from them
+    fresh = spin_template().space(Space(HUGE, ["BM * BN <= 2048"]))
+    again = select_detailed("spaced", [ExternChoice(double, name="double"), fresh], [np.ones(64)],
+                            out=np.empty(64), strategy="default", budget="40")
+    assert again.source != "tuned" and not again.benchmarked
+    assert again.choice.hash_key == selection.choice.hash_key and fresh.made == len(timed)
+
+
+def test_a_template_space_without_a_search(quick: Path) -> None:
+    small = spin_template().space(Space({"BM": [16, 32], "BN": [16], "BK": [16], "UNROLL": [2, 4], "ORDER": ["ij"]}))
+    selection = select_detailed("listed", [ExternChoice(double, name="double"), small], [np.ones(64)],
+                                out=np.empty(64))
+    assert sorted(selection.benchmarked) == sorted(["double", *(f"searched_spin_{i}" for i in range(4))])
+    huge = spin_template().space(Space(HUGE))
+    with pytest.raises(ValueError, match="too large to time every configuration: pass strategy="):
+        select_detailed("unlisted", [ExternChoice(double), huge], [np.ones(64)], out=np.empty(64))
+
+
+def test_a_template_space_is_searched_beside_library_calls_only(quick: Path) -> None:
+    space = spin_template().space(Space(HUGE))
+    other = spin_template().choices([{"BM": 8, "BN": 8, "BK": 8, "UNROLL": 1, "ORDER": "ij"}])[0]
+    with pytest.raises(ValueError, match="beside library calls only"):
+        select_detailed("mixed", [other, space], [np.ones(64)], out=np.empty(64), strategy="default")
+    with pytest.raises(ValueError, match="one template space per selection"):
+        select_detailed("two", [space, spin_template().space(Space(HUGE))], [np.ones(64)], out=np.empty(64),
+                        strategy="default")
+    with pytest.raises(TypeError, match="takes a tuneforge.Space"):
+        spin_template().space({"BM": [8]})  # type: ignore[arg-type]

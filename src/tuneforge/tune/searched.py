@@ -30,6 +30,7 @@ from tuneforge.search.driver import Prune
 from tuneforge.search.space import aligned, point_of, shared
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.template_space import TemplateSpace
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -56,10 +57,13 @@ class SearchPlan:
             return strategy if budget is None else dataclasses.replace(strategy, budget=_budget(budget))
         return cls(strategy, _budget(budget))
 
-    def identity(self, candidates: Sequence[Choice]) -> str:
-        """What a finished search of these candidates is known by: the candidates, strategy, options, budget and
-        seed (the prune hook is code: its name stands for it)."""
-        text = json.dumps([sorted(c.hash_key for c in candidates), self.strategy, repr(sorted(self.options.items())),
+    def identity(self, candidates: Sequence[Choice], space: TemplateSpace | None = None) -> str:
+        """What a finished search of these candidates (and `space`'s: its identity stands for them) is known by:
+        the candidates, strategy, options, budget and seed (the prune hook is code: its name stands for it)."""
+        named = sorted(c.hash_key for c in candidates if space is None or c.is_extern)
+        if space is not None:
+            named.append(space.identity)
+        text = json.dumps([named, self.strategy, repr(sorted(self.options.items())),
                            self.effective_budget().describe(), config.get_int("autotune.seed"),
                            getattr(self.prune, "__qualname__", None), self.finalists])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -76,16 +80,22 @@ def _budget(budget: Budget | str | None) -> Budget | None:
     return Budget.parse(budget) if isinstance(budget, str) else budget
 
 
-def finished(plan: SearchPlan, candidates: Sequence[Choice], records: Mapping[str, Record]) -> bool:
-    """Whether these records hold a finished search of `plan` over `candidates`."""
-    identity = plan.identity(candidates)
+def finished(plan: SearchPlan, candidates: Sequence[Choice], records: Mapping[str, Record],
+             space: TemplateSpace | None = None) -> bool:
+    """Whether these records hold a finished search of `plan` over `candidates` (and `space`)."""
+    identity = plan.identity(candidates, space)
     return any(r.info.get(SEARCH_INFO) == identity for r in records.values())
 
 
-def search_candidates(plan: SearchPlan, candidates: Sequence[Choice], records: dict[str, Record],
-                      measure_some: MeasureSome, statistic: str) -> Record | None:
-    """Search `candidates` with `plan`; `measure_some` records what it measures into `records`. Returns the
-    winner's record, marked as the end of this search (for the caller to store), or None when none ran ok."""
+def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[str, Record],
+                      measure_some: MeasureSome, statistic: str,
+                      template_space: TemplateSpace | None = None) -> Record | None:
+    """Search `candidates` (or, with a `template_space`, its configurations: each choice made when asked is added
+    to `candidates`, beside the library calls there) with `plan`; `measure_some` records what it measures into
+    `records`. Returns the winner's record, marked as the end of this search (for the caller to store), or None
+    when none ran ok."""
+    if template_space is not None:
+        return _search_space(plan, template_space, candidates, records, measure_some, statistic)
     configured = [c for c in candidates if not c.is_extern and c.params]
     always = [c for c in candidates if c not in configured]
     units = _builds(configured)
@@ -123,6 +133,39 @@ def search_candidates(plan: SearchPlan, candidates: Sequence[Choice], records: d
     return _mark(plan, candidates, records, statistic)
 
 
+def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choice], records: dict[str, Record],
+                  measure_some: MeasureSome, statistic: str) -> Record | None:
+    """search_candidates over a template space: the strategy walks `space.space` itself (a point is a
+    configuration), and a choice exists only for what it asks (and what the records held before)."""
+    always = [c for c in candidates if c.is_extern]
+    first = [c for c in always if c.hash_key not in records]
+    known, jobs = set(records), 0
+    listed = space.space.listed()
+    strategy = make(plan.strategy, space.space, seed=config.get_int("autotune.seed"), **dict(plan.options))
+
+    def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
+        nonlocal first, jobs
+        chosen = [space.choice(p) for p in asked]
+        present = {c.hash_key for c in candidates}
+        candidates.extend(c for c in chosen if c.hash_key not in present)
+        todo, first = first + [c for c in chosen if c.hash_key not in records], []
+        if todo:
+            measure_some(todo, True)
+            jobs += 1
+        return [_cost(records.get(c.hash_key), statistic) for c in chosen]
+
+    # A share of a space too large to list is a share of its parameters' product (patience ends it sooner).
+    result = search(space.space, strategy, evaluate, plan.effective_budget(), batch=plan.batch, prune=plan.prune,
+                    space_size=len(listed) if listed is not None else space.space.size_bound)
+    log.info("search %s of %s: %d configurations timed, stopped by %s", plan.strategy, space, result.evaluations,
+             result.stopped)
+    finalists = _finalists(plan, [c for c in candidates if not c.is_extern], always, records, statistic)
+    together = jobs == 1 and not any(c.hash_key in known for c in finalists)
+    if first or (len(finalists) > 1 and not together):
+        measure_some([*first, *finalists] if first else finalists, False)
+    return _mark(plan, candidates, records, statistic, space)
+
+
 def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:
     """The configurations grouped by what they compile to (a template's configurations that differ only in its
     runtime parameters share one build), in first-seen order."""
@@ -155,12 +198,13 @@ def _finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[
     return fastest(configured, plan.finalists) + fastest(always, 1)
 
 
-def _mark(plan: SearchPlan, candidates: Sequence[Choice], records: dict[str, Record], statistic: str) -> Record | None:
+def _mark(plan: SearchPlan, candidates: Sequence[Choice], records: dict[str, Record], statistic: str,
+          space: TemplateSpace | None = None) -> Record | None:
     """The fastest ok record, with the search's identity in its info (also replaced in `records`)."""
     ok = [(t, r.choice) for c in candidates if (r := records.get(c.hash_key)) and (t := _cost(r, statistic))]
     if not ok:
         return None
     best = records[min(ok)[1]]
-    marked = dataclasses.replace(best, info={**best.info, SEARCH_INFO: plan.identity(candidates)})
+    marked = dataclasses.replace(best, info={**best.info, SEARCH_INFO: plan.identity(candidates, space)})
     records[marked.choice] = marked
     return marked

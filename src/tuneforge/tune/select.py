@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tuneforge import config
 from tuneforge.errors import ConfigError, NoValidChoicesError
+from tuneforge.store.default import default_records
 from tuneforge.store.fsutil import LockTimeout, file_lock
 from tuneforge.store.records import Record
 from tuneforge.store.shipped import Nearest
@@ -37,6 +39,7 @@ from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.sample import SAMPLED, RowSample
 from tuneforge.tune.searched import SearchPlan, finished, search_candidates
 from tuneforge.tune.specs import TensorSpec, key_of
+from tuneforge.tune.template_space import TemplateSpace
 
 if TYPE_CHECKING:
     from tuneforge.search import Budget
@@ -123,7 +126,7 @@ def _rows(candidates: Sequence[Choice], records: Mapping[str, Record], statistic
     return rows
 
 
-def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
+def select(name: str, choices: Sequence[Choice | TemplateSpace], inputs: Sequence[Any], *, out: Any = None,
            reference: Choice | Callable[..., Any] | None = None,
            generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
            atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None,
@@ -139,24 +142,25 @@ def select(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: 
     and the fastest on the whole problem (see tune/sample.py): for problems whose every run is long.
     With `strategy` (a name from tuneforge.search, or a SearchPlan) or a `budget` ("15%", "100", "30s",
     "patience=20", or a search.Budget), only the configurations a search strategy asks for are timed
-    (tune/searched.py); library calls always are.
+    (tune/searched.py); library calls always are. A `template.space(tuneforge.Space(...))` among `choices` stands
+    for every configuration of that space, of which a search makes only those it asks for (tune/template_space.py).
     """
     return select_detailed(name, choices, inputs, out=out, reference=reference, generators=generators,
                            rtol=rtol, atol=atol, accumulate=accumulate, sample=sample, strategy=strategy,
                            budget=budget).choice
 
 
-def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any], *, out: Any = None,
+def select_detailed(name: str, choices: Sequence[Choice | TemplateSpace], inputs: Sequence[Any], *, out: Any = None,
                     reference: Choice | Callable[..., Any] | None = None,
                     generators: Mapping[int, Callable[..., Any]] | None = None, rtol: float | None = None,
                     atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None,
                     strategy: str | SearchPlan | None = None, budget: Budget | str | None = None) -> Selection:
     """select(), returning the whole decision (key, source, records, what was benchmarked)."""
-    candidates = dedupe(list(choices))
-    if not candidates:
+    plan = None if strategy is None and budget is None else SearchPlan.of(strategy or "default", budget)
+    candidates, space = _with_space(name, choices, plan)
+    if not candidates and space is None:
         raise NoValidChoicesError(f"select({name!r}) got no choices: pass at least one (an ExternChoice "
                                   "of the library call makes a good fallback)")
-    plan = None if strategy is None and budget is None else SearchPlan.of(strategy or "default", budget)
     ref = reference if reference is None or isinstance(reference, Choice) else ExternChoice(reference)
     ref = ref or next((c for c in candidates if c.is_extern), None)
     arg_specs = [_spec_or_value(x) for x in inputs]
@@ -172,7 +176,8 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
                               generators=dict(generators or {})).materialize()
         except Exception as exc:  # e.g. MemoryError: example inputs too large to make
             return _degraded(name, sizes, selection_key(name, arg_specs), candidates, exc)  # the key of no record
-        out_spec = _infer_out_spec(ref or candidates[0], values)
+        model = ref or (candidates[0] if candidates or space is None else space.choice(_any_point(space)))
+        out_spec = _infer_out_spec(model, values)
     if sample is not None:
         _check_sample(name, sample, [*arg_specs, out_spec])
     key = selection_key(name, [*arg_specs, out_spec])
@@ -183,7 +188,40 @@ def select_detailed(name: str, choices: Sequence[Choice], inputs: Sequence[Any],
                         generators=dict(generators or {}), rtol=rtol, atol=atol, poison_outputs=not accumulate,
                         inputs_text=", ".join(described), sample=sample)
 
-    return decide(name, key, candidates, ref, workload, sizes=sizes, described=described, search=plan)
+    return decide(name, key, candidates, ref, workload, sizes=sizes, described=described, search=plan, space=space)
+
+
+def _with_space(name: str, choices: Sequence[Choice | TemplateSpace],
+                plan: SearchPlan | None) -> tuple[list[Choice], TemplateSpace | None]:
+    """The candidates, and the template space among them (template.space(...)) that a search walks. Without a
+    search its listed configurations are candidates like any other."""
+    spaces = [c for c in choices if isinstance(c, TemplateSpace)]
+    rest = dedupe([c for c in choices if not isinstance(c, TemplateSpace)])
+    if not spaces:
+        return rest, None
+    if len(spaces) > 1:
+        raise ValueError(f"select({name!r}): one template space per selection ({len(spaces)} given); list the "
+                         "configurations of the others as choices, or search them in selections of their own")
+    space = spaces[0]
+    if plan is None:
+        listed = space.listed()
+        if listed is None:
+            raise ValueError(f"select({name!r}): the space of template {space.name!r} ({space.space.describe()}) "
+                             "is too large to time every configuration: pass strategy= (and budget=) to search it")
+        return dedupe([*rest, *listed]), None
+    configured = [c for c in rest if not c.is_extern]
+    if configured:
+        raise ValueError(f"select({name!r}): a template space is searched beside library calls only, and "
+                         f"{configured[0].name!r} is not one: make it part of the space, or pass it in a selection "
+                         "of its own")
+    return rest, space
+
+
+def _any_point(space: TemplateSpace) -> dict[str, Any]:
+    point = space.space.sample(random.Random(0), 1)
+    if not point:
+        raise ValueError(f"the space of template {space.name!r} has no valid configuration: {space.space.describe()}")
+    return point[0]
 
 
 def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:
@@ -201,13 +239,14 @@ def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,
            workload: Callable[[], TrialJob], *, sizes: list[str], described: list[str],
-           search: SearchPlan | None = None) -> Selection:
+           search: SearchPlan | None = None, space: TemplateSpace | None = None) -> Selection:
     """The shared core of select() and @autotune: memo -> record tiers -> measure what is missing (or what a
-    `search` asks for, unless these records hold its end) -> choose."""
-    if len(candidates) == 1:
+    `search` asks for, unless these records hold its end) -> choose. With a template `space` (and a search), the
+    candidates grow by its configurations that the records hold and that the search asks for."""
+    if len(candidates) == 1 and space is None:
         return Selection(_ready(candidates[0]), key, "single")
     force = config.get_bool("autotune.force")
-    memo_key = (key, frozenset(c.hash_key for c in candidates))
+    memo_key = (key, frozenset([*(c.hash_key for c in candidates), *([space.identity] if space is not None else [])]))
     if not force:
         with _memo_lock:
             hit = _memo.get(memo_key)
@@ -215,15 +254,18 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
             return Selection(hit, key, "memo")
     statistic = config.get_str("autotune.statistic")
     job = workload()  # data only: inputs are generated when (and where) trials run
+    candidates = list(candidates)
+    if space is not None and not force:
+        candidates += space.recorded(_key_records(key))
     found = _Found({}, "tuned") if force else _recall(name, key, candidates, job, statistic)
     if found.nearest is not None:
         log.info("%s(%s): no record; using the decision for the nearest tuned shape %s from a bundle",
                  name, ", ".join(sizes), found.nearest[1].inputs)
-    elif _incomplete(found, candidates, search) and config.get_bool("autotune.cache_only"):
+    elif _incomplete(found, candidates, search, space) and config.get_bool("autotune.cache_only"):
         found.source = "cache_only"
-    elif _incomplete(found, candidates, search):
+    elif _incomplete(found, candidates, search, space):
         try:
-            _measure_missing(name, key, candidates, reference, job, found, force, search)
+            _measure_missing(name, key, candidates, reference, job, found, force, search, space)
         except _MachineryFailed as failed:
             return _degraded(name, sizes, key, candidates, failed.cause)
     winner, source = _choose(name, sizes, candidates, found, statistic)
@@ -276,8 +318,9 @@ def _recall(name: str, key: str, candidates: Sequence[Choice], job: TrialJob, st
     return found
 
 
-def _measure_missing(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None, job: TrialJob,
-                     found: _Found, force: bool, search: SearchPlan | None = None) -> None:
+def _measure_missing(name: str, key: str, candidates: list[Choice], reference: Choice | None, job: TrialJob,
+                     found: _Found, force: bool, search: SearchPlan | None = None,
+                     space: TemplateSpace | None = None) -> None:
     """Measure the candidates without a record under the selection lock, committing each record as it comes;
     with a `search`, only those its strategy asks for (tune/searched.py)."""
     with _measuring(name, key):
@@ -291,7 +334,7 @@ def _measure_missing(name: str, key: str, candidates: Sequence[Choice], referenc
                 _measure_batch(key, choices, reference, job, found, keep_inputs)
 
             marked = search_candidates(search, candidates, found.records, measure_some,
-                                       config.get_str("autotune.statistic"))
+                                       config.get_str("autotune.statistic"), space)
             if marked is not None:
                 with record_tiers.committing(key) as commit:
                     commit(marked)
@@ -330,11 +373,20 @@ def _measure_batch(key: str, choices: Sequence[Choice], reference: Choice | None
     found.source = "tuned"
 
 
-def _incomplete(found: _Found, candidates: Sequence[Choice], search: SearchPlan | None) -> bool:
-    """Whether there is measuring to do: candidates lack records, and no finished `search` covers them."""
-    if not found.missing(candidates):
+def _incomplete(found: _Found, candidates: Sequence[Choice], search: SearchPlan | None,
+                space: TemplateSpace | None = None) -> bool:
+    """Whether there is measuring to do: candidates lack records (a template space: its configurations do, until a
+    search of it finished), and no finished `search` covers them."""
+    if not found.missing(candidates) and space is None:
         return False
-    return search is None or not finished(search, candidates, found.records)
+    return search is None or not finished(search, candidates, found.records, space)
+
+
+def _key_records(key: str) -> list[Record]:
+    """Every record of `key` that the local database holds, else the remote's: where a template space's recorded
+    configurations are found."""
+    local = default_records().get(key)
+    return local if any(r.params for r in local) else record_tiers.remote_records(key)
 
 
 class _MachineryFailed(Exception):
@@ -393,6 +445,9 @@ def _measuring(name: str, key: str) -> Iterator[None]:
 
 def _fallback(candidates: Sequence[Choice]) -> Choice:
     """What runs untuned: the first library call, else the first candidate."""
+    if not candidates:  # a template space alone, nothing of it recorded yet
+        raise NoValidChoicesError("nothing to run untuned: no library call among the choices, and no configuration "
+                                  "of the template space was tuned yet; add an ExternChoice of the library call")
     return next((c for c in candidates if c.is_extern), candidates[0])
 
 

@@ -25,12 +25,16 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
 from tuneforge.tune.choices import Builder, ConfiguredChoice, completed_future, failed_future, key_value
 from tuneforge.warn_once import first_time
+
+if TYPE_CHECKING:
+    from tuneforge.search.space import Space
+    from tuneforge.tune.template_space import TemplateSpace
 
 Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
 Hook = Callable[[Mapping[str, Any], str], str]
@@ -172,6 +176,13 @@ class KernelTemplate:
 
     def choices(self, configs: Iterable[Mapping[str, Any]]) -> list[TemplateChoice]:
         return [TemplateChoice(self, config, f"{self.name}_{i}") for i, config in enumerate(configs)]
+
+    def space(self, space: Space) -> TemplateSpace:
+        """This template over a `tuneforge.Space`, as one candidate of `select(..., strategy=)`: choices are made
+        only for what the search asks and what the records hold (tune/template_space.py)."""
+        from tuneforge.tune.template_space import TemplateSpace
+
+        return TemplateSpace(self, space)
 
     def __getstate__(self) -> dict[str, Any]:
         # Sent to benchmark workers as data: the compiled Jinja template is rebuilt there if needed.
