@@ -125,11 +125,7 @@ def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[
                     space_size=len(units))
     log.info("search %s: %d of %d builds timed (%d configurations; %d pruned), stopped by %s", plan.strategy,
              result.evaluations, len(units), len(configured), result.pruned, result.stopped)
-    finalists = _finalists(plan, configured, always, records, statistic)
-    # Timed in this search's one job, the finalists were timed side by side already (a near tie re-timed there).
-    together = jobs == 1 and not any(c.hash_key in known for c in finalists)
-    if first or (len(finalists) > 1 and not together):
-        measure_some([*first, *finalists] if first else finalists, False)
+    _time_finalists(plan, configured, always, first, jobs == 1, known, records, measure_some, statistic)
     return _mark(plan, candidates, records, statistic)
 
 
@@ -159,11 +155,20 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
                     space_size=len(listed) if listed is not None else space.space.size_bound)
     log.info("search %s of %s: %d configurations timed, stopped by %s", plan.strategy, space, result.evaluations,
              result.stopped)
-    finalists = _finalists(plan, [c for c in candidates if not c.is_extern], always, records, statistic)
-    together = jobs == 1 and not any(c.hash_key in known for c in finalists)
+    _time_finalists(plan, [c for c in candidates if not c.is_extern], always, first, jobs == 1, known, records,
+                    measure_some, statistic)
+    return _mark(plan, candidates, records, statistic, space)
+
+
+def _time_finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[Choice], first: Sequence[Choice],
+                    one_job: bool, known: set[str], records: Mapping[str, Record], measure_some: MeasureSome,
+                    statistic: str) -> None:
+    """Time the finalists again side by side (with the library calls never timed yet, `first`), unless the search
+    was `one_job` that timed them all: then they were side by side already (a near tie re-timed there)."""
+    finalists = _finalists(plan, configured, always, records, statistic)
+    together = one_job and not any(c.hash_key in known for c in finalists)
     if first or (len(finalists) > 1 and not together):
         measure_some([*first, *finalists] if first else finalists, False)
-    return _mark(plan, candidates, records, statistic, space)
 
 
 def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from tuneforge.store.fsutil import LockTimeout, file_lock
 from tuneforge.store.records import Record
 from tuneforge.store.shipped import Nearest
 from tuneforge.store.tiers import RecordSource, record_tiers
-from tuneforge.tune.choices import Choice, ExternChoice, dedupe
+from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.confirm import CONFIDENCE
 from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
@@ -39,7 +38,7 @@ from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.sample import SAMPLED, RowSample
 from tuneforge.tune.searched import SearchPlan, finished, search_candidates
 from tuneforge.tune.specs import TensorSpec, key_of
-from tuneforge.tune.template_space import TemplateSpace
+from tuneforge.tune.template_space import TemplateSpace, split_choices
 
 if TYPE_CHECKING:
     from tuneforge.search import Budget
@@ -157,7 +156,7 @@ def select_detailed(name: str, choices: Sequence[Choice | TemplateSpace], inputs
                     strategy: str | SearchPlan | None = None, budget: Budget | str | None = None) -> Selection:
     """select(), returning the whole decision (key, source, records, what was benchmarked)."""
     plan = None if strategy is None and budget is None else SearchPlan.of(strategy or "default", budget)
-    candidates, space = _with_space(name, choices, plan)
+    candidates, space = split_choices(name, choices, searching=plan is not None)
     if not candidates and space is None:
         raise NoValidChoicesError(f"select({name!r}) got no choices: pass at least one (an ExternChoice "
                                   "of the library call makes a good fallback)")
@@ -176,7 +175,7 @@ def select_detailed(name: str, choices: Sequence[Choice | TemplateSpace], inputs
                               generators=dict(generators or {})).materialize()
         except Exception as exc:  # e.g. MemoryError: example inputs too large to make
             return _degraded(name, sizes, selection_key(name, arg_specs), candidates, exc)  # the key of no record
-        model = ref or (candidates[0] if candidates or space is None else space.choice(_any_point(space)))
+        model = ref or (candidates[0] if candidates or space is None else space.choice(space.any_point()))
         out_spec = _infer_out_spec(model, values)
     if sample is not None:
         _check_sample(name, sample, [*arg_specs, out_spec])
@@ -189,39 +188,6 @@ def select_detailed(name: str, choices: Sequence[Choice | TemplateSpace], inputs
                         inputs_text=", ".join(described), sample=sample)
 
     return decide(name, key, candidates, ref, workload, sizes=sizes, described=described, search=plan, space=space)
-
-
-def _with_space(name: str, choices: Sequence[Choice | TemplateSpace],
-                plan: SearchPlan | None) -> tuple[list[Choice], TemplateSpace | None]:
-    """The candidates, and the template space among them (template.space(...)) that a search walks. Without a
-    search its listed configurations are candidates like any other."""
-    spaces = [c for c in choices if isinstance(c, TemplateSpace)]
-    rest = dedupe([c for c in choices if not isinstance(c, TemplateSpace)])
-    if not spaces:
-        return rest, None
-    if len(spaces) > 1:
-        raise ValueError(f"select({name!r}): one template space per selection ({len(spaces)} given); list the "
-                         "configurations of the others as choices, or search them in selections of their own")
-    space = spaces[0]
-    if plan is None:
-        listed = space.listed()
-        if listed is None:
-            raise ValueError(f"select({name!r}): the space of template {space.name!r} ({space.space.describe()}) "
-                             "is too large to time every configuration: pass strategy= (and budget=) to search it")
-        return dedupe([*rest, *listed]), None
-    configured = [c for c in rest if not c.is_extern]
-    if configured:
-        raise ValueError(f"select({name!r}): a template space is searched beside library calls only, and "
-                         f"{configured[0].name!r} is not one: make it part of the space, or pass it in a selection "
-                         "of its own")
-    return rest, space
-
-
-def _any_point(space: TemplateSpace) -> dict[str, Any]:
-    point = space.space.sample(random.Random(0), 1)
-    if not point:
-        raise ValueError(f"the space of template {space.name!r} has no valid configuration: {space.space.describe()}")
-    return point[0]
 
 
 def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:

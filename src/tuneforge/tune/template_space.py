@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+import random
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tuneforge.search.space import Space
 from tuneforge.store.record import Record
-from tuneforge.tune.choices import Choice
+from tuneforge.tune.choices import Choice, dedupe
 
 
 class Template(Protocol):
@@ -63,6 +64,14 @@ class TemplateSpace:
             self._made[key] = made
         return made
 
+    def any_point(self) -> dict[str, Any]:
+        """One configuration of the space (to infer an output from, where no library call is among the choices)."""
+        point = self.space.sample(random.Random(0), 1)
+        if not point:
+            raise ValueError(f"the space of template {self.name!r} has no valid configuration: "
+                             f"{self.space.describe()}")
+        return point[0]
+
     def listed(self) -> list[Choice] | None:
         """Every configuration's choice, where the space is small enough to list; else None."""
         configs = self.space.listed()
@@ -86,3 +95,29 @@ class TemplateSpace:
 
     def __repr__(self) -> str:
         return f"<TemplateSpace {self.template.name}: {self.space.describe()}>"
+
+
+def split_choices(name: str, choices: Sequence[Choice | TemplateSpace],
+                  searching: bool) -> tuple[list[Choice], TemplateSpace | None]:
+    """A selection's candidates, and the template space among them that its search walks. Without a search the
+    space's listed configurations are candidates like any other."""
+    spaces = [c for c in choices if isinstance(c, TemplateSpace)]
+    rest = dedupe([c for c in choices if not isinstance(c, TemplateSpace)])
+    if not spaces:
+        return rest, None
+    if len(spaces) > 1:
+        raise ValueError(f"select({name!r}): one template space per selection ({len(spaces)} given); list the "
+                         "configurations of the others as choices, or search them in selections of their own")
+    space = spaces[0]
+    if not searching:
+        listed = space.listed()
+        if listed is None:
+            raise ValueError(f"select({name!r}): the space of template {space.name!r} ({space.space.describe()}) "
+                             "is too large to time every configuration: pass strategy= (and budget=) to search it")
+        return dedupe([*rest, *listed]), None
+    configured = [c for c in rest if not c.is_extern]
+    if configured:
+        raise ValueError(f"select({name!r}): a template space is searched beside library calls only, and "
+                         f"{configured[0].name!r} is not one: make it part of the space, or pass it in a selection "
+                         "of its own")
+    return rest, space
