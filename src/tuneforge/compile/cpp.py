@@ -291,7 +291,6 @@ def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequenc
 
     `origin` names who asks (see `CppBuild.origin`); it goes into the artifact's meta, not its key.
     """
-
     full_source = module_source(source, functions) if functions else source
     names = _INIT.findall(full_source)
     if len(names) != 1:
