@@ -1,23 +1,23 @@
 """Noise-robust picks: do identical cold tunings pick the same candidate?
 
-    python benchmarks/pick_repeatability.py [--runs 10] [--n 512 256] [--strategies exhaustive default]
+    python benchmarks/pick_repeatability.py [--runs 10] [--cases 512 256 spin] [--strategies exhaustive default]
                                             [--rounds 9] [--output F]
 
-Issue 14: "the pick is the same on >= 9 of 10 identical cold runs where the top two differ by > 5%". The
-selection: benchmarks/peer_kernel_tuner.py's tiled float32 matmul template (27 tile configurations) on N x N
-operands, numpy.matmul its reference but no candidate (single-threaded it is 2x faster than any of them: its
-pick would be stable for that alone). For each N and strategy, --runs times a fresh child process over a fresh cache
-calls `select_detailed` (the strategy's own budget) and reports its pick. Then one more child builds every
-candidate and times them side by side in steady state (--rounds interleaved rounds, each a burst of calls after
-an untimed one, the order reversed every other round; a candidate's figure is the median over rounds of its
-bursts' medians): that ranking, independent of the cold runs' timings, says which candidate is fastest and by
-how much the top two differ.
+Issue 14: "the pick is the same on >= 9 of 10 identical cold runs where the top two differ by > 5%". Cases:
+N, benchmarks/peer_kernel_tuner.py's tiled float32 matmul template (27 tile configurations) on N x N operands,
+numpy.matmul its reference but no candidate (single-threaded it is 2x faster than any of them: its pick would be
+stable for that alone); and "spin", a Python template of 64 configurations whose run is a busy wait of a known
+length, with a clear best (the next is 8% slower). For each case and strategy, --runs times a fresh child
+process over a fresh cache calls `select_detailed` (the strategy's own budget) and reports its pick. Then one
+more child builds every candidate and times them side by side in steady state (--rounds interleaved rounds,
+each a burst of calls after an untimed one, the order reversed every other round; a candidate's figure is the
+median over rounds of its bursts' medians): that ranking, independent of the cold runs' timings, says which
+candidate is fastest and by how much the top two differ.
 
-Judged per N and strategy: where the top two differ by more than GAP, at least NEEDED of --runs picks must be
+Judged per case and strategy: where the top two differ by more than GAP, at least NEEDED of --runs picks must be
 the fastest; elsewhere (a near tie: either is right) at least NEEDED picks must be within GAP of the fastest.
 Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset) and one thread for every library, as the
-peer benchmark. Prints a table and writes benchmarks/results/pick_repeatability.json (or --output).
-"""
+peer benchmark. Prints a table and writes benchmarks/results/pick_repeatability.json (or --output)."""
 
 from __future__ import annotations
 
@@ -38,49 +38,71 @@ GAP = 0.05  # the top two "differ" beyond this; a pick within it of the fastest 
 NEEDED, OF = 9, 10  # the issue's 9 of 10, scaled to --runs
 
 
-def template_choices() -> tuple[list[Any], Any]:
-    """The candidates (the template's configurations) and the reference."""
+# The spin case: a Python template whose run time is a known function of its parameters (a busy wait of 0.2 ms
+# times the cost), so it has a clear best: 1.0 at BM=32, BN=16, UNROLL=4; the next is 8% slower (UNROLL=8).
+SPIN_SOURCE = """
+import time
+{% set cost = 1 + {8: 0.3, 16: 0.1, 32: 0.0, 64: 0.15}[BM] + {8: 0.2, 16: 0.0, 32: 0.1, 64: 0.25}[BN]
+              + {1: 0.2, 2: 0.1, 4: 0.0, 8: 0.08}[UNROLL] %}
+def kernel(x, out):
+    end = time.perf_counter() + {{ 0.0002 * cost }}
+    while time.perf_counter() < end:
+        pass
+    out[...] = x * 2
+"""
+SPIN = {"BM": [8, 16, 32, 64], "BN": [8, 16, 32, 64], "UNROLL": [1, 2, 4, 8]}
+
+
+def double(x: Any, out: Any) -> Any:
+    out[...] = x * 2
+    return out
+
+
+def problem(case: str) -> tuple[list[Any], Any, list[Any], Any]:
+    """(candidates, reference, example inputs, output) of a case: N, the tiled matmul on N x N operands (27
+    configurations), or "spin" (64)."""
     import itertools
+
+    import numpy as np
 
     import tuneforge
 
+    if case == "spin":
+        spin = tuneforge.KernelTemplate("pick_spin", SPIN_SOURCE, signature="kernel", language="python")
+        configs = [dict(zip(SPIN, values, strict=True)) for values in itertools.product(*SPIN.values())]
+        return spin.choices(configs), tuneforge.ExternChoice(double, name="double"), [np.ones(64)], np.empty(64)
+    n = int(case)
     template = tuneforge.KernelTemplate("peer_tiled_matmul", TF_SOURCE,
                                         signature="void matmul(const float* a, const float* b, float* c, int n)",
                                         launcher=launch, flags=("-O3",))
     configs = [dict(zip(TILES, values, strict=True)) for values in itertools.product(*TILES.values())]
-    return template.choices(configs), tuneforge.ExternChoice(numpy_matmul, name="numpy_matmul")
-
-
-def operands(n: int) -> tuple[Any, Any, Any]:
-    import numpy as np
-
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32),
-            np.empty((n, n), np.float32))
+    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    reference = tuneforge.ExternChoice(numpy_matmul, name="numpy_matmul")
+    return template.choices(configs), reference, [a, b], np.empty((n, n), np.float32)
 
 
-def cold_child(n: int, strategy: str) -> dict[str, Any]:
+def label(params: dict[str, Any]) -> str:
+    return "x".join(str(value) for value in params.values())
+
+
+def cold_child(case: str, strategy: str) -> dict[str, Any]:
     import tuneforge
 
-    spec = tuneforge.TensorSpec.contiguous((n, n), "float32")
-    candidates, reference = template_choices()
+    candidates, reference, inputs, out = problem(case)
     started = time.perf_counter()
-    selection = tuneforge.select_detailed("pick_repeatability", candidates, [spec, spec], out=spec,
-                                          reference=reference, strategy=None if strategy == "exhaustive" else strategy)
-    return {"pick": tiles(selection.choice.params), "seconds": time.perf_counter() - started}
+    selection = tuneforge.select_detailed("pick_repeatability", candidates, inputs, out=out, reference=reference,
+                                          strategy=None if strategy == "exhaustive" else strategy)
+    return {"pick": label(selection.choice.params), "seconds": time.perf_counter() - started}
 
 
-def tiles(params: dict[str, Any]) -> str:
-    return "x".join(str(params[name]) for name in TILES)
-
-
-def steady_child(n: int, rounds: int) -> dict[str, Any]:
-    """Every candidate built, then timed side by side: {name: median over rounds of its bursts' median}."""
-    a, b, out = operands(n)
+def steady_child(case: str, rounds: int) -> dict[str, Any]:
+    """Every candidate built, then timed side by side: {label: median over rounds of its bursts' median}."""
+    candidates, _, inputs, out = problem(case)
     calls = {}
-    for choice in template_choices()[0]:
+    for choice in candidates:
         choice.build().result()
-        calls[tiles(choice.params)] = functools.partial(choice.run, [a, b, out])
+        calls[label(choice.params)] = functools.partial(choice.run, [*inputs, out])
     return {"steady_ms": side_by_side(calls, rounds)}
 
 
@@ -103,40 +125,41 @@ def judge(picks: list[str], steady: dict[str, float]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--n", type=int, nargs="+", default=[512, 256])
+    parser.add_argument("--cases", nargs="+", default=["512", "256", "spin"],
+                        help="N: the tiled matmul on N x N operands; spin: the template with a known clear best")
     parser.add_argument("--strategies", nargs="+", default=["exhaustive", "default"])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--output", type=Path)
     parser.add_argument("--cold", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--steady", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--steady", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold:
-        print(json.dumps(cold_child(int(args.cold[0]), args.cold[1])))
+        print(json.dumps(cold_child(args.cold[0], args.cold[1])))
         return
     if args.steady:
         print(json.dumps(steady_child(args.steady, args.rounds)))
         return
     print(blas_report())
     results = []
-    for n in args.n:
+    for case in args.cases:
         picks: dict[str, list[dict[str, Any]]] = {s: [] for s in args.strategies}
         for _ in range(args.runs):
             for strategy in args.strategies:  # interleaved: a drift of the machine hits every strategy alike
-                picks[strategy].append(run_child(["--cold", str(n), strategy]))
-        steady = run_child(["--steady", str(n), "--rounds", str(args.rounds)])["steady_ms"]
+                picks[strategy].append(run_child(["--cold", case, strategy]))
+        steady = run_child(["--steady", case, "--rounds", str(args.rounds)])["steady_ms"]
         for strategy in args.strategies:
             verdict = judge([p["pick"] for p in picks[strategy]], steady)
-            results.append({"n": n, "strategy": strategy, "cold_s": statistics.median(p["seconds"] for p in
+            results.append({"case": case, "strategy": strategy, "cold_s": statistics.median(p["seconds"] for p in
                                                                                       picks[strategy]),
                             **verdict, "steady_ms": steady})
-    print(f"tiled float32 matmul template, 27 configurations; {args.runs} cold runs each; steady: {args.rounds} "
-          "rounds")
-    print(f"{'N':>5} {'strategy':11} {'cold s':>6} {'fastest I x J x K (steady ms)':30} {'gap':>6} {'same':>5} "
+    print(f"cases: N = the tiled float32 matmul template on N x N (27 configurations, TILE_I x J x K), spin = a "
+          f"busy-wait template (64, BM x BN x UNROLL); {args.runs} cold runs each; steady: {args.rounds} rounds")
+    print(f"{'case':>5} {'strategy':11} {'cold s':>6} {'fastest (steady ms)':30} {'gap':>6} {'same':>5} "
           f"{'<=5%':>5} {'needs':>5}  verdict  picks")
     for r in results:
         picks_text = ", ".join(f"{name} x{count}" for name, count in sorted(r["picks"].items(), key=lambda x: -x[1]))
         fastest = f"{r['best']} ({r['best_ms']:.3f})"
-        print(f"{r['n']:>5} {r['strategy']:11} {r['cold_s']:6.2f} {fastest:30} "
+        print(f"{r['case']:>5} {r['strategy']:11} {r['cold_s']:6.2f} {fastest:30} "
               f"{r['gap']:6.1%} {r['same']:5d} {r['near']:5d} {r['needed']:5d}  {'holds' if r['holds'] else 'FAILS':7}"
               f"  {picks_text}")
     print(f"judged: where the top two differ by > {GAP:.0%}, >= {NEEDED} of {OF} picks are the fastest; otherwise "

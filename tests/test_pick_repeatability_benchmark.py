@@ -35,10 +35,11 @@ def test_fewer_runs_scale_the_count() -> None:
 
 def test_a_short_real_run(tmp_path: Path) -> None:
     output = tmp_path / "picks.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "pick_repeatability.py"), "--runs", "1", "--n", "64",
-                           "--strategies", "default", "--rounds", "1", "--output", str(output)],
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "pick_repeatability.py"), "--runs", "1", "--cases", "64",
+                           "spin", "--strategies", "default", "--rounds", "1", "--output", str(output)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    row, = json.loads(output.read_text())
-    assert row["n"] == 64 and row["strategy"] == "default" and len(row["steady_ms"]) == 27
-    assert sum(row["picks"].values()) == 1 and "verdict" in proc.stdout
+    tiled, spin = json.loads(output.read_text())
+    assert tiled["case"] == "64" and tiled["strategy"] == "default" and len(tiled["steady_ms"]) == 27
+    assert spin["case"] == "spin" and len(spin["steady_ms"]) == 64 and spin["best"] == "32x16x4"  # its known best
+    assert sum(tiled["picks"].values()) == 1 and "verdict" in proc.stdout
