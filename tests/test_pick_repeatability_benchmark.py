@@ -16,10 +16,13 @@ import pick_repeatability  # noqa: E402
 STEADY = {"a": 1.0, "b": 1.08, "c": 1.5}  # the top two differ by 8%
 
 
-def test_a_clear_best_must_be_picked_nine_times_of_ten() -> None:
+def test_with_a_clear_best_the_same_pick_nine_times_of_ten() -> None:
     verdict = pick_repeatability.judge(["a"] * 9 + ["b"], STEADY)
     assert verdict["holds"] and verdict["best"] == "a" and abs(verdict["gap"] - 0.08) < 1e-9
+    assert verdict["same"] == verdict["fastest"] == 9
     assert not pick_repeatability.judge(["a"] * 8 + ["b", "c"], STEADY)["holds"]
+    steady_second = pick_repeatability.judge(["b"] * 10, STEADY)  # repeatable, and 8% off: both told
+    assert steady_second["holds"] and steady_second["fastest"] == 0 and steady_second["near"] == 0
 
 
 def test_in_a_near_tie_either_is_right() -> None:

@@ -22,11 +22,17 @@ RIDGE = 1.0  # pulls the effects of values seen once or twice towards none
 def predicted_best(space: Space, costs: Mapping[tuple[Any, ...], float], candidates: Sequence[Config]) -> Config | None:
     """The candidate the model fitted to `costs` (keyed by `space.key`; failures infinite) predicts fastest; None
     without candidates or finite costs to fit."""
+    ordered = ranked(space, costs, candidates)
+    return ordered[0] if ordered else None
+
+
+def ranked(space: Space, costs: Mapping[tuple[Any, ...], float], candidates: Sequence[Config]) -> list[Config]:
+    """`candidates`, the fastest the model predicts first (ties in their order); empty without finite costs."""
     import numpy as np
 
     told = [(key, cost) for key, cost in costs.items() if math.isfinite(cost) and cost > 0]
     if not candidates or not told:
-        return None
+        return []
     column: dict[tuple[int, Any], int] = {}
     for i, name in enumerate(space.names):
         for value in space.values[name]:
@@ -41,4 +47,4 @@ def predicted_best(space: Space, costs: Mapping[tuple[Any, ...], float], candida
     y = np.log([cost for _, cost in told])
     effects = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(column)), x.T @ (y - y.mean()))
     predicted = effects[columns([space.key(c) for c in candidates])].sum(axis=1)
-    return candidates[int(np.argmin(predicted))]
+    return [candidates[i] for i in np.argsort(predicted, kind="stable")]

@@ -9,7 +9,8 @@ random point, until the space or the budget is spent.
 Where it starts: `start` (a heuristic default, as a kernel family knows one), else the best of `initial`
 random samples (the default strategy takes a few: one start is a gamble on a rugged space). Where it restarts
 (`restart_from`): the best start not descended from yet, else a random configuration; or, with "model", the
-untimed configuration an additive model of the costs so far predicts fastest (additive.py).
+untimed configuration an additive model of the costs so far predicts fastest (additive.py), which then also
+orders each step's neighbours (a budget that ends mid-step has timed the likeliest).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tuneforge.search.additive import predicted_best
+from tuneforge.search.additive import predicted_best, ranked
 from tuneforge.search.space import Config, Space, SpaceError
 from tuneforge.search.strategy import FAILED, Strategy
 
@@ -80,6 +81,8 @@ class CoordinateDescent(Strategy):
             if self._step is None:
                 self._step = self.space.neighbours(self._center, self.radius)
                 self._queue = [c for c in self._step if not self.seen(c)]
+                if self.restart_from == "model":  # where a budget ends mid-step, the likeliest were timed
+                    self._queue = ranked(self.space, self.costs, self._queue) or self._queue
                 if self._queue:
                     return True
             better = min(self._step, key=self._cost, default=None)
@@ -114,13 +117,13 @@ class CoordinateDescent(Strategy):
 
 
 # The default strategy: coordinate descent from the best of 5 random samples, stepping up to 2 values along a
-# parameter, restarting where the additive model (additive.py) predicts the fastest untimed configuration. Replayed
-# on the shipped exhaustive GEMM recordings (benchmarks/search_replay.py, 20 seeds), it came within 2% of the best in
-# 3.7-14.9% of the configurations (6 of 6 within 15%); with 6 samples and random restarts in 4.7-19.6% (5 of 6),
-# radius 1 in 3.5-20.3% with one recording never (a best that radius-1 steps cannot reach from the basins around
-# it). The sample count was chosen on these recordings and the Kernel Tuner peer (4, 5, 6 and 10 tried): 4 and 5
-# replay alike (6 and 10: 16-18% on the hardest), and 5 fills a 27-build search's 15% budget in one batch (one
-# worker job, no re-timing of finalists: 0.2 s of a 1.4 s cold search).
+# parameter, the model's likeliest neighbours first, restarting where the additive model (additive.py) predicts the
+# fastest untimed configuration. Replayed on the shipped exhaustive GEMM recordings (benchmarks/search_replay.py, 20
+# seeds), it came within 2% of the best in 3.2-13.8% of the configurations (6 of 6 within 15%); with 6 samples and
+# random restarts in 4.7-19.6% (5 of 6), radius 1 in 3.5-20.3% with one recording never (a best that radius-1
+# steps cannot reach from the basins around it). The sample count was chosen on these recordings and the Kernel
+# Tuner peer (4, 5, 6 and 10 tried): 4 and 5 replay alike (6 and 10: 16-18% on the hardest), and 5 fills a
+# 27-build search's 15% budget in one batch (one worker job, no re-timing of finalists: 0.2 s of a 1.4 s search).
 DEFAULT_INITIAL, DEFAULT_RADIUS, DEFAULT_RESTART_FROM = 5, 2, "model"
 
 
