@@ -21,6 +21,7 @@ benchmarks/results/search_gemm.json (or --output).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -80,7 +81,7 @@ def steady_child(shape: tuple[int, int, int], dtype: str, picks: list[str], roun
         choice = by_hash[pick]
         if not choice.is_extern:
             choice.build().result()
-        calls[pick] = (lambda c: lambda: c.run([a, b, 1.0, 0.0, None, out]))(choice)
+        calls[pick] = functools.partial(choice.run, [a, b, 1.0, 0.0, None, out])
     return {"steady_ms": side_by_side(calls, rounds)}
 
 

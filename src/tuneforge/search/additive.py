@@ -1,12 +1,11 @@
-"""An additive model of a space's costs: where to restart a local search.
+"""An additive model of a space's costs: where a local search restarts, and which neighbours it tries first.
 
 The log of a configuration's cost is modelled as a sum of one effect per parameter value (a kernel's tile size,
 its loop order and its packing each make it a certain factor slower or faster), fitted by ridge least squares on
 the configurations timed so far; the untimed configuration it predicts fastest is where a descent stuck in a
-local optimum starts again. On the recorded GEMM spaces the best configuration is often alone (the next within
-5% of it is none of its neighbours): a random restart lands near it by luck, the model from what it learnt of
-each parameter.
-"""
+local optimum starts again, and a step's neighbours are tried in the order it predicts. On the recorded GEMM
+spaces the best configuration is often alone (the next within 5% of it is none of its neighbours): a random
+restart lands near it by luck, the model from what it learnt of each parameter."""
 
 from __future__ import annotations
 
