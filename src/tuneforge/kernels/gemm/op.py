@@ -94,6 +94,8 @@ class Prepared:
     address: int = 0
     params: tuple[int, ...] = ()
     library_ratio: float = 0.0  # numpy's tuned time over the winner's (0: not known): see dispatch.cpp
+    addresses: bool = False  # `call` takes a, b, out and bias as data addresses too (a compiled kernel's binding)
+    library: str = ""  # the library call that won ("numpy" or "torch"), if one did
 
 
 _dispatch: dict[tuple[Any, ...], Prepared] = {}  # the Python path's table, by layout
@@ -110,8 +112,8 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Prepared:
         try:
             address = dispatch.kernel_address(kernel)
         except LookupError:
-            return Prepared(bound, dispatch.CALL)
-        return Prepared(bound, dispatch.KERNEL, address, runtime_args(choice.config))
+            return Prepared(bound, dispatch.CALL, addresses=True)
+        return Prepared(bound, dispatch.KERNEL, address, runtime_args(choice.config), addresses=True)
     if isinstance(choice, ExternChoice) and choice.fn is numpy_gemm:
         matmul = np.matmul
 
@@ -121,8 +123,9 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Prepared:
             else:
                 numpy_gemm(a, b, alpha, beta, bias, out)
 
-        return Prepared(library, dispatch.LIBRARY)
-    return Prepared(lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out]), dispatch.CALL)
+        return Prepared(library, dispatch.LIBRARY, library="numpy")
+    return Prepared(lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out]), dispatch.CALL,
+                    library="torch" if isinstance(choice, ExternChoice) and choice.fn is torch_cpu.torch_gemm else "")
 
 
 def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
@@ -143,6 +146,10 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     where the C path could not be built. `library`: the library candidates' family ("torch" adds
     torch.matmul, for torch tensors; such layouts stay off the C path, which keys numpy arrays)."""
     if not isinstance(a, np.ndarray) and torch_cpu.is_torch_cpu(a):
+        fresh = None if out is not None or beta != 0 else torch_cpu.fresh_output(a, b, bias)
+        if fresh is not None:  # nothing can overlap a new output: the per-layout call on the tensors
+            gemm_into(a, b, fresh, alpha, 0.0, bias, space)
+            return fresh
         a, b, out_view, bias, out_tensor = torch_cpu.numpy_views(a, b, out, bias, beta)
         _gemm_python(a, b, out_view, alpha, beta, bias, space, "torch")
         return out_tensor
@@ -156,9 +163,7 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
                 return _gemm_cuda(a, b, None, alpha, beta, bias, space)
             raise
     try:
-        bias_layout = None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype)
-        key = (type(a), type(b), type(out), a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype,
-               out.dtype, beta != 0, bias_layout, space, library)
+        key = _layout_key(a, b, out, beta, bias, space, library)
     except AttributeError:  # not arrays: CUDA tensors go to the GPU op; for others the checks name the problem
         if _on_cuda(a):
             return _gemm_cuda(a, b, out, alpha, beta, bias, space)
@@ -179,6 +184,66 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         return _gemm_separated(prepared, a, b, out, alpha, beta, bias, space)
     prepared.call(alpha, beta, a, b, out, bias)
     return out
+
+
+def _layout_key(a: Any, b: Any, out: Any, beta: float, bias: Any, space: str, library: str) -> tuple[Any, ...]:
+    bias_layout = None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype)
+    return (type(a), type(b), type(out), a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype,
+            out.dtype, beta != 0, bias_layout, space, library)
+
+
+TensorCall = Callable[[float, float, Any, Any, Any, Any], None]  # (alpha, beta, a, b, out, bias): CPU tensors
+_tensor_calls: dict[tuple[Any, ...], TensorCall] = {}  # gemm_into's table, by layout
+
+
+def gemm_into(a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
+              space: str = "default") -> None:
+    """``out = alpha * a @ b + beta * out + bias`` for CPU torch tensors where `out` shares no memory with the
+    inputs (a fresh output: the custom ops' and compiled graphs' path, tuneforge.torch). A tuned layout's call
+    passes the tensors' data addresses straight to the compiled kernel: no numpy views, no overlap checks.
+    Inputs may require grad (an autograd kernel calls below it); nothing here records gradients."""
+    key = (a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), a.dtype, b.dtype, out.dtype, beta != 0,
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype), space)
+    call = _tensor_calls.get(key)
+    if call is None:
+        _tensor_calls[key] = _first_tensor_call(a, b, out, alpha, beta, bias, space)
+        return
+    call(alpha, beta, a, b, out, bias)
+
+
+def _first_tensor_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str) -> TensorCall:
+    """Make the call (tuning the layout, or finding its decision), and return how later calls of the layout go."""
+    a, b, out = a.detach(), b.detach(), out.detach()
+    bias = None if bias is None else bias.detach()
+    views = torch_cpu.numpy_views(a, b, out, bias, beta)
+    _gemm_python(views[0], views[1], views[2], alpha, beta, views[3], space, "torch")
+    prepared = _dispatch.get(_layout_key(views[0], views[1], views[2], beta, views[3], space, "torch"))
+    if prepared is None:  # not kept for reuse (an unusual layout): every call takes the Python path
+        return _through_python(space)
+    call = prepared.call
+    if prepared.addresses:
+        def addresses(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
+            call(float(alpha), float(beta), a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                 None if bias is None else bias.data_ptr())
+
+        return addresses
+    if prepared.library == "torch":
+        return torch_cpu.torch_gemm_tensors
+    array = torch_cpu.array
+
+    def through_views(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
+        call(alpha, beta, array(a), array(b), array(out), None if bias is None else array(bias))
+
+    return through_views
+
+
+def _through_python(space: str) -> TensorCall:
+    def call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
+        a, b, out, bias, _ = torch_cpu.numpy_views(a.detach(), b.detach(), out.detach(),
+                                                   None if bias is None else bias.detach(), beta)
+        _gemm_python(a, b, out, alpha, beta, bias, space, "torch")
+
+    return call
 
 
 def _on_cuda(a: Any) -> bool:
@@ -329,6 +394,7 @@ def clear_dispatch() -> None:
     with _lock:
         _dispatch.clear()
         _registered.clear()
+        _tensor_calls.clear()
         fast = dispatch.loaded()
         if fast is not None:
             fast.clear()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["is_torch_cpu", "numpy_views", "torch_gemm"]
+__all__ = ["array", "fresh_output", "is_torch_cpu", "new_matrix", "numpy_views", "torch_gemm", "torch_gemm_tensors"]
 
 
 def is_torch_cpu(value: Any) -> bool:
@@ -43,18 +43,60 @@ def numpy_views(a: Any, b: Any, out: Any, bias: Any, beta: float) -> tuple[Any, 
     return views[0], views[1], views[2], views[3], out
 
 
+def new_matrix(m: int, n: int, dtype: Any) -> Any:
+    """An uninitialised row-major CPU matrix, by the allocator compiled graphs use (1.4 us here; torch.empty with
+    a dtype: 4.4)."""
+    global _empty_strided
+    if _empty_strided is None:
+        import torch
+
+        fast = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cpu", None)
+        _empty_strided = fast or (lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype))
+    return _empty_strided((m, n), (n, 1), dtype)
+
+
+_empty_strided: Any = None
+
+
+def fresh_output(a: Any, b: Any, bias: Any) -> Any:
+    """gemm's output for CPU tensors `a` @ `b` (+ `bias`) that gemm_into can take with no further checks (2-D, one
+    float dtype, no gradients), else None (the checked path then names what is wrong)."""
+    import torch
+
+    if not (isinstance(b, torch.Tensor) and b.device.type == "cpu" and a.dim() == 2 and b.dim() == 2
+            and a.dtype is b.dtype and a.dtype in (torch.float32, torch.float64) and a.shape[1] == b.shape[0]
+            and not a.requires_grad and not b.requires_grad):
+        return None
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.device.type == "cpu"
+                                 and bias.dtype is a.dtype and not bias.requires_grad):
+        return None
+    return new_matrix(a.shape[0], b.shape[1], a.dtype)
+
+
+def array(tensor: Any) -> Any:
+    """A numpy view of a CPU tensor, which may require grad (an operator's kernel runs below autograd)."""
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+
+
 def torch_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
     """The second library candidate: torch.matmul / torch.addmm on the numpy arrays' memory,
     ``out = alpha * a @ b + beta * out + bias``."""
     import torch
 
-    ta, tb, tout = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
-    if alpha == 1 and beta == 0 and bias is None:
+    torch_gemm_tensors(alpha, beta, torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out),
+                       None if bias is None else torch.from_numpy(bias))
+
+
+def torch_gemm_tensors(alpha: float, beta: float, ta: Any, tb: Any, tout: Any, tbias: Any) -> None:
+    """torch_gemm on tensors (in tuneforge.kernels.gemm.op's argument order)."""
+    import torch
+
+    if alpha == 1 and beta == 0 and tbias is None:
         torch.matmul(ta, tb, out=tout)
         return
-    if beta == 0 and bias is not None:
-        torch.addmm(torch.from_numpy(bias), ta, tb, alpha=alpha, out=tout)
+    if beta == 0 and tbias is not None:
+        torch.addmm(tbias, ta, tb, alpha=alpha, out=tout)
         return
     tout.addmm_(ta, tb, beta=beta, alpha=alpha)  # beta 0: out's contents ignored, NaN included
-    if bias is not None:
-        tout.add_(torch.from_numpy(bias))
+    if tbias is not None:
+        tout.add_(tbias)
