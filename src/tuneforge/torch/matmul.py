@@ -27,7 +27,7 @@ _CUDA_TUNED = (torch.float16, torch.bfloat16, torch.float32)
 _Tensor = torch.Tensor
 
 
-def _tuned(a: Any, b: Any) -> bool:
+def tuned(a: Any, b: Any) -> bool:
     """Two matrices of one dtype the gemm family tunes on their device (else aten runs the product)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype or a.device != b.device:
         return False
@@ -47,7 +47,7 @@ def mm_out(a: Any, b: Any, *, out: Any) -> None:
     """``out = a @ b`` into a fresh `out`: the kernel compiled graphs call (tuneforge.torch.inductor)."""
     if _cpu_tuned(a, b):
         gemm_into(a, b, out)
-    elif _tuned(a, b):
+    elif tuned(a, b):
         gemm(a, b, out)
     else:
         torch.mm(a, b, out=out)
@@ -56,7 +56,7 @@ def mm_out(a: Any, b: Any, *, out: Any) -> None:
 def addmm_out(bias: Any, a: Any, b: Any, *, beta: float = 1.0, alpha: float = 1.0, out: Any) -> None:
     """``out = beta * bias + alpha * a @ b`` into a fresh `out` (`bias` broadcast to it, as aten's addmm)."""
     cpu = _cpu_tuned(a, b)
-    if not (cpu or _tuned(a, b)) or bias.dtype is not a.dtype or bias.device != a.device:
+    if not (cpu or tuned(a, b)) or bias.dtype is not a.dtype or bias.device != a.device:
         torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=out)
         return
     row = bias.dim() == 1 and bias.shape[0] == out.shape[1] and beta == 1
@@ -79,7 +79,7 @@ def _mm_kernel(a: Any, b: Any) -> Any:
         out = new_matrix(a.shape[0], b.shape[1], a.dtype)
         gemm_into(a, b, out)
         return out
-    if not _tuned(a, b):
+    if not tuned(a, b):
         return torch.mm(a, b)  # aten's checks and errors for everything else
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     gemm(a, b, out)
@@ -87,7 +87,7 @@ def _mm_kernel(a: Any, b: Any) -> Any:
 
 
 def _addmm_kernel(bias: Any, a: Any, b: Any, beta: float = 1.0, alpha: float = 1.0) -> Any:
-    if not _tuned(a, b):
+    if not tuned(a, b):
         return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     addmm_out(bias, a, b, beta=beta, alpha=alpha, out=out)

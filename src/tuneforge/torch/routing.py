@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from tuneforge.torch.matmul import _tuned
+from tuneforge.torch.matmul import tuned
 
 __all__ = ["MatmulRouter"]
 
@@ -54,7 +54,7 @@ class MatmulRouter(CustomGraphPass):  # type: ignore[misc]
             self.routed += 1
 
     def _wanted(self, a: Any, b: Any) -> bool:
-        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not _tuned(a, b):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not tuned(a, b):
             return False
         if self.shapes is None:
             return True
