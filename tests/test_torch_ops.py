@@ -76,6 +76,10 @@ def test_layouts_tuneforge_does_not_tune_run_atens_kernels() -> None:
         tft.mm(batched, b)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         tft.mm(a, a)
+    for m, k, n in ((0, 4, 3), (3, 0, 5), (3, 4, 0)):  # empty products, as aten makes them
+        x, y = torch.randn(m, k), torch.randn(k, n)
+        assert torch.equal(tft.mm(x, y), x @ y) and torch.equal(torch.ops.tuneforge.mm(x, y), x @ y)
+        assert torch.equal(tft.addmm(torch.ones(n), x, y), torch.addmm(torch.ones(n), x, y))
     assert not default_records().records()
 
 

@@ -31,6 +31,8 @@ def tuned(a: Any, b: Any) -> bool:
     """Two matrices of one dtype the gemm family tunes on their device (else aten runs the product)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype or a.device != b.device:
         return False
+    if a.numel() == 0 or b.numel() == 0:  # an empty product: aten's (the kernels want every size >= 1)
+        return False
     return a.dtype in (_CPU_TUNED if a.device.type == "cpu" else _CUDA_TUNED if a.device.type == "cuda" else ())
 
 
@@ -40,7 +42,7 @@ def _cpu_tuned(a: Any, b: Any) -> bool:
     if not (a.is_cpu and b.is_cpu and a.dtype is b.dtype and a.dtype in _CPU_TUNED):
         return False
     sa, sb = a.shape, b.shape
-    return len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]
+    return len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0] and bool(sa[0] and sa[1] and sb[1])  # empty: aten
 
 
 def mm_out(a: Any, b: Any, *, out: Any) -> None:
