@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from tuneforge import config
-from tuneforge.supervisor import Supervised, describe_exit, kill_children, settings_snapshot, stop_all
+from tuneforge.supervisor import (
+    Supervised,
+    describe_exit,
+    interrupts_held,
+    kill_children,
+    settings_snapshot,
+    stop_all,
+)
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
@@ -210,3 +217,46 @@ def test_stop_all_without_grace_kills_at_once_and_spares_the_ended() -> None:
     running = python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(123)")
     stop_all([Supervised(ended), Supervised(running)], grace_s=0)
     assert (ended.returncode, running.returncode) == (0, -signal.SIGKILL)
+
+
+# A worker still importing when Ctrl-C reaches the process group: it waits a moment (standing for its
+# imports), then ignores SIGINT as every tuneforge worker does first thing.
+_SLOW_STARTING_WORKER = """
+    import time
+    time.sleep(1.0)
+    from tuneforge.supervisor import ignore_interrupts
+    ignore_interrupts()
+    time.sleep(0.2)
+    print("served")
+"""
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_worker_interrupted_while_it_starts_carries_on_only_if_started_with_interrupts_held(held: bool) -> None:
+    with interrupts_held() if held else contextlib.nullcontext():
+        child = python(_SLOW_STARTING_WORKER, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    os.kill(child.pid, signal.SIGINT)
+    stdout, stderr = child.communicate(timeout=60)
+    if held:  # the signal waited, blocked, and was dropped once the worker ignored it
+        assert (child.returncode, stdout.strip()) == (0, "served"), stderr
+    else:  # what happened before: a KeyboardInterrupt traceback from the worker's imports
+        assert child.returncode != 0 and "KeyboardInterrupt" in stderr
+
+
+def test_a_ctrl_c_to_the_parent_while_it_starts_a_worker_is_deferred_not_lost() -> None:
+    code = """
+        import os, signal, time
+        from tuneforge.supervisor import interrupts_held
+        try:
+            with interrupts_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+                print("held")
+            time.sleep(5)
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    proc = python(code, stdout=subprocess.PIPE)
+    stdout, _ = proc.communicate(timeout=60)
+    assert stdout.split() == ["held", "interrupted"]

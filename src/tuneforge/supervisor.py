@@ -3,7 +3,9 @@
 A worker must die with the process that started it, run under that process's settings, and, when it
 dies anyway, be described in words in the error of whatever it was running.  The three pieces:
 
-    die_with_parent(signal.SIGKILL)              # in the worker, first thing
+    with interrupts_held(): start the worker     # in the parent
+    ignore_interrupts()                          # in the worker, first thing
+    die_with_parent(signal.SIGKILL)              # in the worker, next
     settings = settings_snapshot()               # in the parent, when the work is handed over
     with applied_settings(settings): ...         # in the worker, around the work
     describe_exit(-11)                           # in the parent: 'killed by SIGSEGV'
@@ -28,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -61,6 +63,35 @@ def die_with_parent(sig: int, parent_pid: int | None = None) -> None:
     set_parent_death_signal(sig)
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(128 + int(sig))
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Start workers inside this block: they begin life with SIGINT blocked.
+
+    Ctrl-C in a terminal signals the whole process group, workers included, and the parent decides
+    what stops.  A worker ignores SIGINT once it runs its first line, but Python raises
+    KeyboardInterrupt (and prints a traceback) for one that arrives while the worker is still
+    importing.  A blocked signal mask survives fork and exec, so the signal waits, pending, until the
+    worker's `ignore_interrupts()` discards it.  The calling thread's own Ctrl-C is deferred, never
+    lost: the kernel hands it to another thread, or to this one when the block ends.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to hold
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def ignore_interrupts() -> None:
+    """In a worker, first thing: ignore SIGINT (the parent decides when it stops), then unblock it, which
+    drops a Ctrl-C that arrived while the worker started (see `interrupts_held`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def settings_snapshot() -> dict[str, Any]:

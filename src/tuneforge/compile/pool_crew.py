@@ -34,7 +34,7 @@ from multiprocessing.process import BaseProcess
 from tuneforge.compile.pool_task import Task
 from tuneforge.compile.pool_worker import BuildResult, serve
 from tuneforge.errors import CompileError
-from tuneforge.supervisor import STOP_GRACE_S, Supervised, kill_children, stop_all
+from tuneforge.supervisor import STOP_GRACE_S, Supervised, interrupts_held, kill_children, stop_all
 
 log = logging.getLogger("tuneforge.compile")
 
@@ -201,7 +201,8 @@ class Crew:
         # typeshed declares Process on the concrete contexts only, which get_context(name) does not name
         make: type[BaseProcess] = self._context.Process  # type: ignore[attr-defined]
         process = make(target=serve, args=(theirs, self._parent), daemon=True, name="tuneforge-build-worker")
-        process.start()
+        with interrupts_held():
+            process.start()
         theirs.close()
         self._slots.append(_Slot(process, Supervised(process), mine))
 

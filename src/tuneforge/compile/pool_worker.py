@@ -22,7 +22,7 @@ from typing import Any
 
 from tuneforge import config
 from tuneforge.compile.builders import builder_for
-from tuneforge.supervisor import STOP_GRACE_S, applied_settings, die_with_parent, kill_children
+from tuneforge.supervisor import STOP_GRACE_S, applied_settings, die_with_parent, ignore_interrupts, kill_children
 
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)
 
@@ -76,7 +76,7 @@ def _exit_watch(fd: int) -> None:
 
 
 def _init_worker(parent_pid: int | None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    ignore_interrupts()  # Ctrl-C reaches the whole process group: the parent decides
     signal.signal(signal.SIGTERM, _on_sigterm)
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from tuneforge import config
 from tuneforge.store.records import Record
-from tuneforge.supervisor import Supervised, settings_snapshot, stop_all
+from tuneforge.supervisor import Supervised, interrupts_held, settings_snapshot, stop_all
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.device import worker_env
 from tuneforge.tune.events import (
@@ -71,8 +71,9 @@ class WorkerProcess:
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
         env = worker_env(device, os.environ)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tuneforge.tune.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, env=env, close_fds=True)
+        with interrupts_held():
+            self.proc = subprocess.Popen([sys.executable, "-m", "tuneforge.tune.worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=None, env=env, close_fds=True)
         self.supervised = Supervised(self.proc)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._write = self.proc.stdin.fileno()

@@ -25,7 +25,7 @@ import sys
 import traceback
 from typing import Any
 
-from tuneforge.supervisor import applied_settings, die_with_parent
+from tuneforge.supervisor import applied_settings, die_with_parent, ignore_interrupts
 
 CONTEXT_LOST_EXIT = 3  # the exit status after a sticky CUDA error (see ContextLost)
 
@@ -103,7 +103,7 @@ def serve(read_fd: int, write_fd: int) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_interrupts()
     die_with_parent(signal.SIGKILL)
     read_fd, write_fd = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
