@@ -125,7 +125,7 @@ for _ in range(20):  # registered now; quiet calls teach the hand-off the kernel
     tuneforge.gemm(a, b, out)
 assert fast is not None and fast.size() == 1, fast
 before = fast.deferred()
-for _ in range(400):  # each call crowded by OpenBLAS's workers, spinning after the numpy matmul
+for _ in range(800):  # each call crowded by OpenBLAS's workers, spinning after the numpy matmul
     np.matmul(p, q, out=r)
     tuneforge.gemm(a, b, out)
 learned, = fast.handoff()
@@ -140,5 +140,6 @@ def test_a_way_guessed_slow_is_still_tried_now_and_then(tmp_path: Path) -> None:
     proc = run_python(_EXPLORING_CHILD, env={"TUNEFORGE_CACHE_DIR": str(tmp_path)}, timeout=300)
     deferred, crowded, library_ns, ratio = proc.stdout.split()[-4:]
     assert float(ratio) == 1000.0, proc.stdout
-    assert int(crowded) >= 192, proc.stdout  # the 64th crowded call explores numpy first (then one in 3)
+    # the 64th crowded call explores numpy first (then one in 3); most of the 800 calls are crowded, even on a busy machine
+    assert int(crowded) >= 192, proc.stdout
     assert int(deferred) >= 1 and int(library_ns) > 0, proc.stdout
