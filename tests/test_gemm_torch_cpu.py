@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,10 +51,13 @@ def test_strided_views_are_taken_as_they_are() -> None:
     torch.testing.assert_close(out, a @ b)
 
 
-def test_torch_matmul_is_a_candidate_for_tensors_only() -> None:
-    names = [c.name for c in op.choices(Problem(64, 64, 64, "float32"), library="torch")[:2]]
-    assert names == ["numpy_matmul", "torch_matmul"]
-    assert "torch_matmul" not in [c.name for c in op.choices(Problem(64, 64, 64, "float32"))]
+def test_torch_matmul_is_the_library_candidate_for_tensors_and_numpy_for_arrays() -> None:
+    # numpy's OpenBLAS threads would fight torch's OpenMP team in a torch program: never picked for tensors
+    for_tensors = [c.name for c in op.choices(Problem(64, 64, 64, "float32"), library="torch")]
+    for_arrays = [c.name for c in op.choices(Problem(64, 64, 64, "float32"))]
+    assert for_tensors[0] == "torch_matmul" and "numpy_matmul" not in for_tensors
+    assert for_arrays[0] == "numpy_matmul" and "torch_matmul" not in for_arrays
+    assert for_tensors[1:] == for_arrays[1:]
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     tuneforge.gemm(a, b)
     tuned = {r.choice_name for r in default_records().records()}
@@ -94,3 +98,62 @@ def test_numpy_callers_never_import_torch(cache_dir: Path) -> None:
         print("torch" in sys.modules)
     """).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+# Only the first two-thread kernel is tuned; the tensor calls, then the array calls, report which of the
+# process's threads ran: tuneforge's own pool is named "tuneforge-pool", torch's OpenMP workers are not.
+_TEAM_CHILD = """
+import os
+import numpy as np
+import torch
+import tuneforge
+from tuneforge.kernels.gemm import op
+
+everything = op.choices
+op.choices = lambda problem, space="default", library="numpy": [
+    c for c in everything(problem, space, library) if getattr(c, "config", {}).get("threads") == 2][:1]
+
+
+def cpu_ticks():
+    # CPU time (clock ticks) of this process's threads but the main one: tuneforge's pool's, and the others'
+    ticks = {"pool": 0, "others": 0}
+    for t in os.listdir("/proc/self/task"):
+        if int(t) != os.getpid():
+            name = open(f"/proc/self/task/{t}/comm").read().strip()
+            fields = open(f"/proc/self/task/{t}/stat").read().rpartition(")")[2].split()
+            ticks["pool" if name == "tuneforge-pool" else "others"] += int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def ran(calls):
+    before = cpu_ticks()
+    for _ in range(200):
+        calls()
+    after = cpu_ticks()
+    return after["pool"] - before["pool"], after["others"] - before["others"]
+
+
+a, b = torch.randn(300, 700), torch.randn(700, 400)
+for _ in range(3):
+    out = tuneforge.gemm(a, b)
+torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-3)
+print("tensors", *ran(lambda: tuneforge.gemm(a, b)))
+x, y = a.numpy().copy(), b.numpy().copy()
+for _ in range(3):
+    tuneforge.gemm(x, y)
+np.testing.assert_allclose(tuneforge.gemm(x, y), x @ y, rtol=1e-4, atol=1e-3)
+print("arrays", *ran(lambda: tuneforge.gemm(x, y)))
+"""
+
+
+def test_tensor_calls_run_on_torchs_openmp_team_and_array_calls_on_the_kernels_pool(tmp_path: Path) -> None:
+    """A kernel called for torch tensors shares torch's OpenMP workers (whose spinning after torch's own ops would
+    otherwise take the cores from a pool of its own); for numpy arrays it keeps its pool (pool.h: why)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("a two-thread kernel needs two CPUs")
+    proc = run_python(_TEAM_CHILD, env={"TUNEFORGE_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "2",
+                                        "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.003"}, timeout=300)
+    ticks = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in proc.stdout.splitlines()}
+    # CPU ticks of (tuneforge's pool, other threads) over 200 calls: the tensor calls' helper is torch's
+    assert ticks["tensors"][0] == 0 and ticks["tensors"][1] > 0, proc.stdout
+    assert ticks["arrays"][0] > 0, proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,17 @@ SIGNATURE = ("void tuneforge_gemm(int64_t M, int64_t N, int64_t K, int64_t rsa, 
              "int64_t csb, int64_t rsc, int64_t csc, int64_t MC, int64_t KC, int64_t NC, int64_t threads, "
              "int64_t mode, double alpha, double beta, const {{ T }}* a, const {{ T }}* b, {{ T }}* c, "
              "const {{ T }}* bias)")
+
+
+# Mode bit: the call's threads are the process's OpenMP team (torch's), not the kernels' own pool (pool.h). Set
+# by the torch tensor path (op.gemm_into), never while tuning: the team runs the same chunks on as many threads.
+HOST_TEAM = 16
+
+
+def on_host_team(call: functools.partial[Any]) -> functools.partial[Any]:
+    """A bound kernel call (`static_args` bound, mode last) that runs on the process's OpenMP team."""
+    *leading, mode = call.args
+    return functools.partial(call.func, *leading, int(mode) | HOST_TEAM)
 
 
 def element_strides(arr: Any) -> tuple[int, int]:
