@@ -157,3 +157,47 @@ def test_tensor_calls_run_on_torchs_openmp_team_and_array_calls_on_the_kernels_p
     # CPU ticks of (tuneforge's pool, other threads) over 200 calls: the tensor calls' helper is torch's
     assert ticks["tensors"][0] == 0 and ticks["tensors"][1] > 0, proc.stdout
     assert ticks["arrays"][0] > 0, proc.stdout
+
+
+_PROBE = """
+import os
+import sys
+
+from tuneforge.tune.choices import ExternChoice
+
+
+class NativeExtern(ExternChoice):  # counts as compiled code: its trials go to the isolated worker
+    is_native = True
+
+
+def torch_was_loaded(out):
+    with open(os.environ["PROBE_LOG"], "a") as log:  # the worker's view, on each run
+        log.write(f"{int('torch' in sys.modules)}\\n")
+"""
+
+_PRELOAD_CHILD = """
+import sys
+import numpy as np
+{torch}
+import tuneforge
+from probe import NativeExtern, torch_was_loaded
+
+out = np.zeros(1)
+choices = [NativeExtern(torch_was_loaded, name="first"), NativeExtern(torch_was_loaded, name="second")]
+report = tuneforge.select_detailed("preload_probe", choices, [], out=out).report
+print(int(report.isolated), "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("parent_has_torch", [True, False])
+def test_a_worker_imports_torch_before_its_first_trial_when_the_parent_has(tmp_path: Path,
+                                                                            parent_has_torch: bool) -> None:
+    """A choice calling torch would otherwise import it (2 s) in its first, checked, run in the worker."""
+    (tmp_path / "probe.py").write_text(_PROBE)
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + _PRELOAD_CHILD.format(
+        torch="import torch" if parent_has_torch else "")
+    log = tmp_path / "probe.log"
+    proc = run_python(code, env={"TUNEFORGE_CACHE_DIR": str(tmp_path / "cache"), "PROBE_LOG": str(log)}, timeout=300)
+    assert proc.stdout.split() == ["1", str(parent_has_torch)], proc.stdout
+    runs = log.read_text().split()
+    assert len(runs) > 2 and set(runs) == {"1" if parent_has_torch else "0"}, runs

@@ -62,6 +62,10 @@ from tuneforge.warn_once import first_time, warn_once
 log = logging.getLogger("tuneforge.tune")
 
 _STARTUP_TIMEOUT_S = 120.0
+# Libraries a worker imports before it says it is ready when the parent has them loaded: their choices would
+# otherwise import them on their first (checked) run, inside the selection. torch takes about 2 s here; a worker
+# started ahead of the builds (prestart) imports it while they compile.
+PRELOADED = ("torch",)
 
 
 class WorkerProcess:
@@ -79,7 +83,8 @@ class WorkerProcess:
         self._write = self.proc.stdin.fileno()
         self._read = self.proc.stdout.fileno()
         cpus = list(config.get_ints("autotune.worker_cpus"))
-        send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus})
+        send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus,
+                           "preload": [name for name in PRELOADED if name in sys.modules]})
         self.pid = self.proc.pid
         self.ready = False  # whether it said so (wait_ready)
         self.main_loaded = False  # whether this worker has imported the parent's main script

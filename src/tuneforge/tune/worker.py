@@ -19,6 +19,7 @@ starts a fresh worker for the remaining choices.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -77,6 +78,11 @@ def serve(read_fd: int, write_fd: int) -> None:
             sys.path.insert(0, entry)
     if hello.get("cpus"):
         os.sched_setaffinity(0, hello["cpus"])
+    for name in hello.get("preload", ()):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a choice that needs it reports the failure itself
+            print(f"tuneforge benchmark worker: could not import {name}: {exc}", file=sys.stderr)
     send(write_fd, ("ready", os.getpid()))
     while True:
         try:
