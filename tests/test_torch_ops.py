@@ -56,6 +56,26 @@ def test_mm_and_addmm_match_aten_on_odd_and_strided_layouts(dtype: torch.dtype) 
     close(torch.ops.tuneforge.addmm(bias, a, b, 1.0, 3.0), torch.addmm(bias, a, b, alpha=3.0))
 
 
+def test_known_layouts_take_their_bound_call_and_each_layout_has_its_own() -> None:
+    from tuneforge.kernels.gemm import clear_dispatch
+    from tuneforge.kernels.gemm.op import FRESH_PRODUCTS
+
+    torch.manual_seed(0)
+    base = torch.randn(24, 24)
+    row_major, column_major, offset = base[:16, :8], base[:8, :16].t(), base[3:19, 5:13]  # all 16 x 8
+    b = torch.randn(8, 12)
+    for a in (row_major, column_major, offset):
+        close(tft.mm(a, b), a @ b)  # the first product of a layout
+    assert len(FRESH_PRODUCTS) == 2  # one bound call per layout: the offset view shares row_major's
+    for _ in range(2):
+        base.copy_(torch.randn(24, 24))  # new values, same layouts: the bound calls read them afresh
+        for a in (row_major, column_major, offset):
+            close(tft.mm(a, b), a @ b)
+    close(tft.mm(row_major.double(), b.double()), row_major.double() @ b.double())  # another dtype, its own
+    clear_dispatch()
+    assert not FRESH_PRODUCTS
+
+
 def test_the_tuned_layouts_are_tuned_once_and_recorded() -> None:
     a, b = torch.randn(48, 32), torch.randn(32, 24)
     tft.mm(a, b)

@@ -213,6 +213,35 @@ def gemm_into(a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, b
     call(alpha, beta, a, b, out, bias)
 
 
+# The eager products' table (tuneforge.torch.mm's kernel looks in it first): ``a @ b`` into a new matrix, by
+# `product_key`. Known layouts skip every check and gemm_into's longer key: the checks were made on the first call.
+FRESH_PRODUCTS: dict[tuple[Any, ...], Callable[[Any, Any], Any]] = {}
+
+
+def product_key(a: Any, b: Any) -> tuple[Any, ...]:
+    """FRESH_PRODUCTS's key of two tensors: their layouts, dtypes and whether each is on the CPU."""
+    return a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.is_cpu, b.is_cpu
+
+
+def fresh_product(a: Any, b: Any) -> Any:
+    """``a @ b`` into a new row-major matrix for two CPU float32/float64 matrices that multiply (checked by the
+    caller), and the layout's entry in FRESH_PRODUCTS for the next ones."""
+    m, n, dtype = a.shape[0], b.shape[1], a.dtype
+    out = torch_cpu.new_matrix(m, n, dtype)
+    gemm_into(a, b, out)
+    call = _tensor_calls[(a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), dtype, dtype, dtype,
+                          False, None, "default")]
+    empty, size, stride = torch_cpu.allocator(), (m, n), (n, 1)
+
+    def product(a: Any, b: Any) -> Any:
+        out = empty(size, stride, dtype)
+        call(1.0, 0.0, a, b, out, None)
+        return out
+
+    FRESH_PRODUCTS[product_key(a, b)] = product
+    return out
+
+
 def _first_tensor_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str) -> TensorCall:
     """Make the call (tuning the layout, or finding its decision), and return how later calls of the layout go."""
     a, b, out = a.detach(), b.detach(), out.detach()
@@ -400,6 +429,7 @@ def clear_dispatch() -> None:
         _dispatch.clear()
         _registered.clear()
         _tensor_calls.clear()
+        FRESH_PRODUCTS.clear()
         fast = dispatch.loaded()
         if fast is not None:
             fast.clear()

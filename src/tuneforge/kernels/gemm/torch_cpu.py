@@ -1,14 +1,16 @@
-"""tuneforge.gemm on torch tensors in CPU memory: the kernels work on zero-copy numpy views of them, and
-torch.matmul (oneDNN / MKL) is one more library candidate beside numpy.matmul.
+"""tuneforge.gemm on torch tensors in CPU memory: the kernels work on zero-copy numpy views of them (or their data
+addresses), and torch.matmul (oneDNN / MKL) is the library candidate in numpy.matmul's place.
 
 torch is never imported here for numpy callers: it is only touched once a torch tensor has come in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["array", "fresh_output", "is_torch_cpu", "new_matrix", "numpy_views", "torch_gemm", "torch_gemm_tensors"]
+__all__ = ["allocator", "array", "fresh_output", "is_torch_cpu", "new_matrix", "numpy_views", "torch_gemm",
+           "torch_gemm_tensors"]
 
 
 def is_torch_cpu(value: Any) -> bool:
@@ -46,16 +48,21 @@ def numpy_views(a: Any, b: Any, out: Any, bias: Any, beta: float) -> tuple[Any, 
 def new_matrix(m: int, n: int, dtype: Any) -> Any:
     """An uninitialised row-major CPU matrix, by the allocator compiled graphs use (1.4 us here; torch.empty with
     a dtype: 4.4)."""
+    return (_empty_strided or allocator())((m, n), (n, 1), dtype)
+
+
+def allocator() -> Callable[[tuple[int, ...], tuple[int, ...], Any], Any]:
+    """``empty(size, stride, dtype)``: an uninitialised CPU tensor, by the allocator compiled graphs use."""
     global _empty_strided
     if _empty_strided is None:
         import torch
 
         fast = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cpu", None)
         _empty_strided = fast or (lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype))
-    return _empty_strided((m, n), (n, 1), dtype)
+    return _empty_strided
 
 
-_empty_strided: Any = None
+_empty_strided: Callable[[tuple[int, ...], tuple[int, ...], Any], Any] | None = None
 
 
 def fresh_output(a: Any, b: Any, bias: Any) -> Any:
