@@ -214,22 +214,24 @@ def config_show(as_json: bool) -> None:
                 [(i.name, _show(i.value), i.source, i.env_var) for i in infos])
 
 
-def _shape(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int, int]:
-    parts = value.lower().split("x")
-    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise click.BadParameter(f"expected MxNxK with positive integers (e.g. 512x512x512), got {value!r}")
-    m, n, k = (int(p) for p in parts)
-    return m, n, k
+def _shapes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[tuple[int, int, int]]:
+    shapes = []
+    for value in values:
+        parts = value.lower().split("x")
+        if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise click.BadParameter(f"expected MxNxK with positive integers (e.g. 512x512x512), got {value!r}")
+        m, n, k = (int(p) for p in parts)
+        shapes.append((m, n, k))
+    return shapes
 
 
 _OPS = ("gemm", "matmul")
 
 
-def _check_example_memory(what: str, specs: list[Any]) -> None:
-    """Refuse, before anything is compiled, a shape whose example inputs cannot fit in memory."""
+def _check_example_memory(what: str, needed: int) -> None:
+    """Refuse, before anything is compiled, a shape whose example inputs (`needed` bytes) cannot fit in memory."""
     from tuneforge.doctor import available_memory
 
-    needed = sum(spec.storage_size * spec.itemsize for spec in specs)
     available = available_memory()
     if available is not None and needed > available:
         raise click.ClickException(f"{what} needs {format_size(needed)} for its example inputs and output; "
@@ -238,7 +240,8 @@ def _check_example_memory(what: str, specs: list[Any]) -> None:
 
 @main.command()
 @click.argument("op", type=click.Choice(_OPS))
-@click.option("--shape", required=True, callback=_shape, metavar="MxNxK", help="C[M,N] = A[M,K] @ B[K,N].")
+@click.option("--shape", "shapes", required=True, multiple=True, callback=_shapes, metavar="MxNxK",
+              help="C[M,N] = A[M,K] @ B[K,N]; give it again for more shapes.")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "float16", "bfloat16"]), default="float32",
               show_default=True, help="float32/float64 on the CPU; float16/bfloat16/float32 on CUDA.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
@@ -252,46 +255,58 @@ def _check_example_memory(what: str, specs: list[Any]) -> None:
 @click.option("--budget", default=None, metavar="LIMITS",
               help="The search's limits: a count (100), a share of the space (15%), seconds (30s), patience=N; "
                    "implies --strategy default. Default with --strategy: 15%,patience=40.")
-def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: str, force: bool,
-         strategy: str | None, budget: str | None) -> None:
-    """Tune a shipped op for one shape and print the AUTOTUNE table.
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Tune on the Ray cluster at ADDRESS (host:port, or auto: the one this machine belongs to): "
+                   "builds as Ray tasks on its nodes, measurements on one actor per host and fingerprint. Needs "
+                   "the distributed extra.")
+def tune(op: str, shapes: tuple[tuple[int, int, int], ...], dtype: str, device: str, space: str, force: bool,
+         strategy: str | None, budget: str | None, ray_address: str | None) -> None:
+    """Tune a shipped op for each shape and print the AUTOTUNE table.
 
     gemm: the tuned GEMM family (C = A @ B) against numpy.matmul (or, with --device cuda, the Triton
     family against cuBLAS); matmul: the small tiled example.
     """
+    from tuneforge.kernels.jobs import ShapeJob
+
+    if device == "cpu" and dtype not in ("float32", "float64"):
+        raise click.BadParameter(f"{dtype} is for --device cuda; on the CPU: float32 or float64", param_hint="--dtype")
+    if device == "cuda" and op != "gemm":
+        raise click.BadParameter(f"{op} has no GPU family; --device cuda tunes gemm", param_hint="--device")
+    if device == "cuda" and dtype == "float64":
+        raise click.BadParameter("float64 is CPU-only; on CUDA: float16, bfloat16 or float32", param_hint="--dtype")
+    jobs = [ShapeJob(op, m, n, k, dtype, device, space) for m, n, k in shapes]
+    if ray_address is not None:
+        if strategy is not None or budget is not None:
+            raise click.BadParameter("a search (--strategy/--budget) runs on one machine; leave out --ray",
+                                     param_hint="--ray")
+        from tuneforge.cli_distributed import tune_on_ray
+
+        _cache_root()
+        tune_on_ray(jobs, ray_address, force)
+        return
+    plan = search_plan(strategy, budget)
+    for job in jobs:
+        _tune_here(job, force, plan)
+
+
+def _tune_here(job: Any, force: bool, plan: Any) -> None:
+    """One job's selection in this process, with its AUTOTUNE table and a summary line."""
     import time
 
+    from tuneforge.kernels.jobs import JobError, tuning_problem
     from tuneforge.tune.select import select_detailed
-    from tuneforge.tune.specs import TensorSpec
 
-    m, n, k = shape
-    plan = search_plan(strategy, budget)
-    reference = None
-    sample = None  # rank on a sample of the problem (gemm on the CPU, large shapes)
-    if device == "cuda":
-        candidates, specs, out, reference = _cuda_problem(op, shape, dtype, space)
-    elif dtype not in ("float32", "float64"):
-        raise click.BadParameter(f"{dtype} is for --device cuda; on the CPU: float32 or float64", param_hint="--dtype")
-    else:
-        specs = [TensorSpec.contiguous((m, k), dtype), TensorSpec.contiguous((k, n), dtype)]
-        out = TensorSpec.contiguous((m, n), dtype)
-        _check_example_memory(f"--shape {m}x{n}x{k} {dtype}", [*specs, out])
+    try:
+        problem = tuning_problem(job)
+    except JobError as exc:  # no usable GPU
+        raise click.UsageError(f"--device cuda: {exc.reason}; tune on a machine with an NVIDIA GPU, or use --device "
+                               "cpu") from None
+    _check_example_memory(f"--shape {job.m}x{job.n}x{job.k} {job.dtype}", problem.example_bytes())
     _cache_root()
-    if device == "cpu" and op == "gemm":
-        from tuneforge.kernels.gemm import Problem
-        from tuneforge.kernels.gemm import choices as gemm_choices
-        from tuneforge.kernels.gemm.op import sample_for
-
-        candidates = gemm_choices(Problem(m, n, k, dtype), space)
-        specs += [1.0, 0.0, None]  # alpha, beta, bias: C = A @ B
-        sample = sample_for(Problem(m, n, k, dtype))
-    elif device == "cpu":
-        from tuneforge.kernels import matmul as family
-
-        candidates = family.choices(dtype, space)
     started = time.perf_counter()
     with config.patch(autotune_verbose=True, autotune_force=force or config.get_bool("autotune.force")):
-        selection = select_detailed(op, candidates, specs, out=out, reference=reference, sample=sample, strategy=plan)
+        selection = select_detailed(problem.name, problem.choices, problem.inputs, out=problem.out,
+                                    reference=problem.reference, sample=problem.sample, strategy=plan)
     elapsed = time.perf_counter() - started
     if selection.report is not None and not selection.benchmarked:
         from tuneforge.tune.report import format_table
@@ -300,25 +315,10 @@ def tune(op: str, shape: tuple[int, int, int], dtype: str, device: str, space: s
     record = selection.records.get(selection.choice.hash_key)
     timing = f" at {record.median_ms:.4f} ms" if record is not None and record.median_ms is not None else ""
     params = f" ({selection.choice.info})" if selection.choice.info else ""
-    flops = f", {2 * m * n * k / record.median_ms / 1e6:.1f} GFLOP/s" if timing and record and record.median_ms else ""
-    where = " cuda" if device == "cuda" else ""
-    click.echo(f"{op} {m}x{n}x{k} {dtype}{where}: {selection.choice.name}{params}{timing}{flops}; "
+    flops = (f", {2 * job.m * job.n * job.k / record.median_ms / 1e6:.1f} GFLOP/s"
+             if timing and record and record.median_ms else "")
+    click.echo(f"{job.label}: {selection.choice.name}{params}{timing}{flops}; "
                f"decided from {selection.source} in {elapsed:.2f} s")
-
-
-def _cuda_problem(op: str, shape: tuple[int, int, int], dtype: str, space: str) -> tuple[Any, Any, Any, Any]:
-    """`tune --device cuda`: refused (a usage error) without a GPU, for an op without a GPU family or a dtype
-    the GPU family does not take."""
-    if op != "gemm":
-        raise click.BadParameter(f"{op} has no GPU family; --device cuda tunes gemm", param_hint="--device")
-    if dtype == "float64":
-        raise click.BadParameter("float64 is CPU-only; on CUDA: float16, bfloat16 or float32", param_hint="--dtype")
-    from tuneforge.kernels.gemm_gpu.op import cuda_unavailable, tuning_problem
-
-    why = cuda_unavailable()
-    if why is not None:
-        raise click.UsageError(f"--device cuda: {why}; tune on a machine with an NVIDIA GPU, or use --device cpu")
-    return tuning_problem(*shape, dtype, space)
 
 
 @main.group()

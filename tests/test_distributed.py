@@ -1,0 +1,156 @@
+"""tuneforge.distributed on a real local Ray cluster (``ray start`` head and worker nodes on 127.0.0.1, each with a
+tuneforge cache of its own, as separate machines) and a real redis-server as the shared tier.
+
+Drivers run in child processes: Ray's threads must not enter the pytest process, which forks build workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="tuneforge.distributed needs Ray (the distributed extra)")
+
+from tuneforge.store.records import RecordDB
+
+from .conftest import run_python
+from .ray_cluster import RAY, RayCluster
+
+pytestmark = [pytest.mark.distributed,
+              pytest.mark.skipif(RAY is None, reason="the ray command is not installed")]
+
+# One driver: tune_many on the jobs, then what happened as JSON on its last line.
+_DRIVER = """
+import dataclasses, json, os, sys
+from tuneforge.distributed import Phases, ShapeJob, tune_many
+
+phases = Phases()
+jobs = [ShapeJob("matmul", 24, 24, k) for k in {ks}]
+results = tune_many(jobs, os.environ["RAY_ADDRESS_FOR_TEST"], per="node", phases=phases)
+print("RESULT", json.dumps({{"phases": dataclasses.asdict(phases), "results": [
+    {{"label": r.job.label, "ok": r.ok, "choice": r.choice, "node": r.node_id, "records": len(r.records),
+      "error": r.error, "attempts": r.attempts}} for r in results]}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    ray_cluster = RayCluster(tmp_path_factory.mktemp("ray-nodes"))
+    try:
+        ray_cluster.start_head()
+        ray_cluster.add_worker("w1")
+        yield ray_cluster
+    finally:
+        ray_cluster.stop()
+
+
+def driver_env(cluster: RayCluster, cache: Path, redis_url: str | None, bench_s: float = 0.003) -> dict[str, str]:
+    env = {"RAY_ADDRESS_FOR_TEST": cluster.address, "TUNEFORGE_CACHE_DIR": str(cache),
+           "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": str(bench_s), "RAY_USAGE_STATS_ENABLED": "0"}
+    if redis_url is not None:
+        env.update(TUNEFORGE_REMOTE_URL=redis_url, TUNEFORGE_REMOTE_ALLOW_UNSIGNED="1")
+    return env
+
+
+def outcome(stdout: str) -> dict[str, Any]:
+    line = next(line for line in stdout.splitlines() if line.startswith("RESULT "))  # Ray may print logs too
+    found: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return found
+
+
+def test_jobs_spread_over_the_nodes_and_their_records_reach_the_shared_tier_and_the_driver(
+        cluster: RayCluster, tmp_path: Path, redis_clean: str) -> None:
+    import redis
+
+    ks = (8, 16, 24, 32, 40, 48)
+    proc = run_python(_DRIVER.format(ks=ks), env=driver_env(cluster, tmp_path / "driver", redis_clean), timeout=600)
+    found = outcome(proc.stdout)
+    results, phases = found["results"], found["phases"]
+    assert [r["label"] for r in results] == [f"matmul 24x24x{k} float32" for k in ks]
+    assert all(r["ok"] and r["choice"] and r["records"] > 0 for r in results), results
+    assert phases["nodes"] == 2 and phases["groups"] == 1
+    assert len(phases["builds_by_node"]) == 2, phases  # the builds ran on both nodes
+    assert len({r["node"] for r in results}) == 2, results  # and so did the measurements
+    # Every selection's records are in the driver's database and in Redis.
+    with RecordDB(tmp_path / "driver" / "records.db") as db:
+        assert len(db.keys("matmul")) == len(ks)
+    client = redis.Redis.from_url(redis_clean)
+    assert len(client.keys("tuneforge:*:rec:*")) == len(ks)
+    # What one node built, the other fetched from Redis rather than compiling it again (every selection key was
+    # new, so the hits are artifacts).
+    assert client.info("stats")["keyspace_hits"] > 0
+
+
+def test_the_nodes_records_answer_a_second_run_without_measuring(cluster: RayCluster, tmp_path: Path,
+                                                                  redis_clean: str) -> None:
+    env = driver_env(cluster, tmp_path / "driver", redis_clean)
+    run_python(_DRIVER.format(ks=(8, 16)), env=env, timeout=600)
+    again = outcome(run_python(_DRIVER.format(ks=(8, 16)), env=env, timeout=600).stdout)
+    assert all(r["ok"] for r in again["results"])
+    assert again["phases"]["builds"] > 0  # planned and found in the nodes' stores: nothing compiled
+    choices = {r["label"]: r["choice"] for r in again["results"]}
+    assert len(choices) == 2
+
+
+def test_unknown_fingerprints_and_unreachable_clusters_are_named(cluster: RayCluster, tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import os
+        from tuneforge.distributed import ShapeJob, tune_many
+        try:
+            tune_many([ShapeJob("matmul", 8, 8, 8)], os.environ["RAY_ADDRESS_FOR_TEST"], fingerprints=["nope"])
+        except ValueError as exc:
+            print("refused:", exc)
+    """)
+    proc = run_python(code, env=driver_env(cluster, tmp_path / "driver", None), timeout=300)
+    assert "refused: no live node has fingerprint nope; the cluster's:" in proc.stdout
+    started = time.monotonic()
+    cli = subprocess.run([sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "8x8x8", "--ray",
+                          "127.0.0.1:1"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TUNEFORGE_CACHE_DIR": str(tmp_path / "cli")})
+    assert cli.returncode == 1 and "no Ray cluster answers at 127.0.0.1:1" in cli.stderr, cli.stderr
+    assert "Traceback" not in cli.stderr and time.monotonic() - started < 60
+
+
+def test_the_cli_tunes_several_shapes_on_the_cluster(cluster: RayCluster, tmp_path: Path) -> None:
+    env = {**os.environ, **driver_env(cluster, tmp_path / "cli", None)}
+    proc = subprocess.run([sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "16x16x16", "--shape",
+                           "20x20x20", "--ray", cluster.address], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "matmul 16x16x16 float32" in proc.stdout and "matmul 20x20x20 float32" in proc.stdout
+    assert "2 job(s) on 2 node(s) in 1 fingerprint group(s)" in proc.stdout
+
+
+def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cluster: RayCluster,
+                                                                            tmp_path: Path) -> None:
+    """Last in this module: the dead node stays in Ray's view for a while."""
+    cluster.add_worker("doomed")
+    ks = tuple(range(8, 8 + 4 * 8, 4))
+    # Long enough selections that the doomed node is in the middle of one when it is killed.
+    env = {**os.environ, **driver_env(cluster, tmp_path / "driver", None, bench_s=0.3)}
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER.format(ks=ks)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        doomed_db = cluster.root / "doomed" / "records.db"
+        deadline = time.monotonic() + 300
+        while not doomed_db.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # its first record: it is measuring a job
+        assert doomed_db.exists(), driver.communicate()
+        cluster.kill_node("doomed")
+        stdout, stderr = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, stderr
+    found = outcome(stdout)
+    results = found["results"]
+    assert len(results) == len(ks) and all(r["ok"] for r in results), results
+    assert found["phases"]["jobs_retried"] >= 1 and max(r["attempts"] for r in results) >= 2, found
