@@ -129,6 +129,34 @@ def test_the_cli_tunes_several_shapes_on_the_cluster(cluster: RayCluster, tmp_pa
     assert "2 job(s) on 2 node(s) in 1 fingerprint group(s)" in proc.stdout
 
 
+def test_a_batch_of_builds_keeps_each_builds_own_outcome(cluster: RayCluster, tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import os
+        from tuneforge.compile.cpp import CppBuild
+        from tuneforge.distributed.builds import RayBuilds
+        from tuneforge.distributed.cluster import connect, survey
+        from tuneforge.distributed.driver import shipped_settings
+
+        connect(os.environ["RAY_ADDRESS_FOR_TEST"])
+        settings = shipped_settings()
+        builds = RayBuilds(survey(settings), settings, max_batch=3)
+        good = [CppBuild(f'extern "C" int f{i}() {{ return {i}; }}') for i in range(17)]
+        futures = [builds.submit(b) for b in good[:2]]
+        futures.append(builds.submit(CppBuild("this is not C++")))
+        futures += [builds.submit(b) for b in good[2:]]
+        again = builds.submit(good[0])
+        builds.wait()
+        print("same future:", again is futures[0], "submitted:", builds.submitted, "tasks:", builds.tasks)
+        for f in futures:
+            print(type(f.exception()).__name__ if f.exception() else "built")
+    """)
+    proc = run_python(code, env=driver_env(cluster, tmp_path / "driver", None), timeout=300)
+    lines = proc.stdout.splitlines()
+    # 18 builds on 2 CPUs: 3 tasks per CPU, so batches of 3
+    assert lines[0] == "same future: True submitted: 18 tasks: 6", proc.stdout
+    assert lines[1:] == ["built", "built", "CompileError", *["built"] * 15], proc.stdout
+
+
 def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cluster: RayCluster,
                                                                             tmp_path: Path) -> None:
     """Last in this module: the dead node stays in Ray's view for a while."""

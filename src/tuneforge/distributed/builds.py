@@ -1,14 +1,15 @@
 """Builds on a Ray cluster: a `Builder` (the seam every choice builds through) whose builds are Ray tasks.
 
     builds = RayBuilds(group_nodes, settings, retries=2)
-    futures = [choice.build(builds) for choice in choices]   # each a Ray task on a node of the group
-    builds.wait()                                             # every Future resolved
+    futures = [choice.build(builds) for choice in choices]   # queued
+    builds.wait()                                             # sent as Ray tasks; every Future resolved
 
-A build runs on a node of the fingerprint its artifact is for (the compiler and ISA there make its key), one
-CPU each, nodes taken in turn. It stores the artifact in that node's store, which shares it with the remote
-tier (Redis) when one is configured, flushed before the task returns: a node that measures later fetches it
-instead of compiling again. A build that fails (a compile error) fails its Future; one whose node or worker
-died is sent to the next live node of the group, at most `retries` more times. Identical builds (the same
+A build runs on a node of the fingerprint its artifact is for (the compiler and ISA there make its key), in a
+Ray task of one CPU that builds a batch of them (up to MAX_BATCH, a few tasks per CPU), nodes taken in turn.
+It stores the artifact in that node's store, which shares it with the remote tier (Redis) when one is
+configured, flushed before the task returns: a node that measures later fetches it instead of compiling
+again. A build that fails (a compile error) fails its Future alone; the builds of a task whose node or worker
+died are sent to the next live node of the group, at most `retries` more times. Identical builds (the same
 pickled build) are submitted once.
 """
 
@@ -28,23 +29,21 @@ from tuneforge.distributed.cluster import Node, live_nodes, pinned
 
 log = logging.getLogger("tuneforge.distributed")
 
-# Failures of the machinery, not of the build: the build is sent to another node.
-LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.TaskUnschedulableError,
-        ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError, ray.exceptions.LocalRayletDiedError)
+MAX_BATCH = 8  # builds per Ray task at most: the driver's time per task (about 1 ms) is paid once per batch
+TASKS_PER_CPU = 3  # ... and at least this many tasks per CPU of the group, so that a slow batch evens out
 
 
 @ray.remote(num_cpus=1, max_retries=0)
-def _build(build: Any, settings: dict[str, Any]) -> Any:
+def _build_batch(builds: list[Any], settings: dict[str, Any]) -> list[Any]:
+    """Each build's BuildResult, or the exception it failed with (one failure never fails the others)."""
     from tuneforge.compile.pool_worker import run_task
     from tuneforge.store.remote_registry import flush_all
     from tuneforge.supervisor import applied_settings
 
     with applied_settings(settings):
-        outcome = run_task(build, settings)
-        flush_all()  # the artifact is in the shared tier before anyone is told it is built
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
+        outcomes = [run_task(build, settings) for build in builds]
+        flush_all()  # the artifacts are in the shared tier before anyone is told they are built
+    return outcomes
 
 
 class _Collected:
@@ -92,49 +91,71 @@ def planned_builds(jobs: list[Any], nodes: list[Node], settings: dict[str, Any])
 
 
 @dataclass
-class _InFlight:
+class _Build:
     future: Future[Any]
     build: Any
     label: str
+    attempt: int = 0
+
+
+@dataclass
+class _InFlight:
+    builds: list[_Build]
     node: Node
-    attempt: int
 
 
 class RayBuilds:
     """Builds as Ray tasks on `nodes` (one fingerprint group); see the module."""
 
-    def __init__(self, nodes: list[Node], settings: dict[str, Any], *, retries: int = 2) -> None:
+    def __init__(self, nodes: list[Node], settings: dict[str, Any], *, retries: int = 2,
+                 max_batch: int = MAX_BATCH) -> None:
         if not nodes:
             raise ValueError("RayBuilds needs at least one node")
         self._nodes = list(nodes)
         self._turn = itertools.cycle(range(len(self._nodes)))
         self._settings = settings
         self._retries = retries
+        self._max_batch = max_batch
+        self._queued: list[_Build] = []
         self._in_flight: dict[ray.ObjectRef[Any], _InFlight] = {}
         self._by_content: dict[str, Future[Any]] = {}
         self.submitted = 0
+        self.tasks = 0  # Ray tasks sent (a task builds a batch)
         self.lost = 0  # builds sent again after their node or worker died
         self.where: dict[str, int] = {}  # node id -> builds it finished
 
     def submit(self, build: Any, *, label: str = "") -> Future[Any]:
+        """Queue `build` (sent by wait()); the same build submitted again gets the same Future."""
         content = hashlib.sha256(pickle.dumps(build)).hexdigest()
         future = self._by_content.get(content)
         if future is None:
             future = self._by_content[content] = Future()
-            self._send(_InFlight(future, build, label or content[:12], self._next_node(), 0))
+            self._queued.append(_Build(future, build, label or content[:12]))
             self.submitted += 1
         return future
 
     def _next_node(self) -> Node:
         return self._nodes[next(self._turn) % len(self._nodes)]
 
-    def _send(self, flight: _InFlight) -> None:
-        ref = _build.options(scheduling_strategy=pinned(flight.node.node_id)).remote(flight.build, self._settings)
-        self._in_flight[ref] = flight
+    def _send_queued(self) -> None:
+        """Batches of the queued builds, each a task: a few per CPU of the group (so that the nodes even out),
+        at most max_batch builds each (so that the driver's own time per task does not bound a large cluster)."""
+        queued, self._queued = self._queued, []
+        cpus = max(1.0, sum(n.cpus for n in self._nodes))
+        size = max(1, min(self._max_batch, int(len(queued) / (TASKS_PER_CPU * cpus))))
+        for start in range(0, len(queued), size):
+            self._send(queued[start:start + size], self._next_node())
+
+    def _send(self, builds: list[_Build], node: Node) -> None:
+        ref = _build_batch.options(scheduling_strategy=pinned(node.node_id)).remote([b.build for b in builds],
+                                                                                    self._settings)
+        self._in_flight[ref] = _InFlight(builds, node)
+        self.tasks += 1
 
     def wait(self) -> None:
-        """Resolve every Future submitted so far; Ctrl-C cancels the builds still running, then re-raises."""
+        """Send what is queued and resolve every Future; Ctrl-C cancels the builds still running, then re-raises."""
         try:
+            self._send_queued()
             while self._in_flight:
                 done, _ = ray.wait(list(self._in_flight), num_returns=1, timeout=1.0)
                 for ref in done:
@@ -146,36 +167,44 @@ class RayBuilds:
     def cancel(self) -> None:
         for ref, flight in list(self._in_flight.items()):
             ray.cancel(ref, force=True)
-            flight.future.cancel()
+            for build in flight.builds:
+                build.future.cancel()
         self._in_flight.clear()
+        for build in self._queued:
+            build.future.cancel()
+        self._queued.clear()
 
     def _settle(self, ref: ray.ObjectRef[Any], flight: _InFlight) -> None:
         try:
-            result = ray.get(ref)
-        except LOST as exc:
+            outcomes = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # the task itself was lost (its node or worker died)
             self._lost(flight, exc)
             return
-        except ray.exceptions.RayTaskError as exc:  # the build's own failure (a compile error): its Future's
-            flight.future.set_exception(_cause(exc))
-            return
-        except ray.exceptions.RayError as exc:
-            self._lost(flight, exc)
-            return
-        self.where[flight.node.node_id] = self.where.get(flight.node.node_id, 0) + 1
-        flight.future.set_result(result)
+        node = flight.node.node_id
+        for build, outcome in zip(flight.builds, outcomes, strict=True):
+            if isinstance(outcome, BaseException):  # the build's own failure (a compile error)
+                build.future.set_exception(outcome)
+            else:
+                self.where[node] = self.where.get(node, 0) + 1
+                build.future.set_result(outcome)
 
     def _lost(self, flight: _InFlight, exc: BaseException) -> None:
-        self.lost += 1
         dead = flight.node
         self._nodes = [n for n in self._nodes if n.node_id != dead.node_id] or self._nodes
-        if flight.attempt >= self._retries or not _alive(self._nodes):
-            flight.future.set_exception(RuntimeError(
-                f"build {flight.label} was lost {flight.attempt + 1} times (last on node {dead.node_id}: "
-                f"{type(exc).__name__}: {exc})"))
-            return
-        log.warning("build %s lost on node %s (%s): sent to another node", flight.label, dead.node_id,
-                    type(exc).__name__)
-        self._send(_InFlight(flight.future, flight.build, flight.label, self._next_node(), flight.attempt + 1))
+        again = []
+        for build in flight.builds:
+            if build.attempt >= self._retries or not _alive(self._nodes):
+                build.future.set_exception(RuntimeError(
+                    f"build {build.label} was lost {build.attempt + 1} times (last on node {dead.node_id}: "
+                    f"{type(exc).__name__}: {exc})"))
+            else:
+                build.attempt += 1
+                again.append(build)
+        if again:
+            self.lost += len(again)
+            log.warning("%d build(s) lost on node %s (%s): sent to another node", len(again), dead.node_id,
+                        type(exc).__name__)
+            self._send(again, self._next_node())
 
 
 def _alive(nodes: list[Node]) -> bool:
