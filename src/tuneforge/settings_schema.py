@@ -192,6 +192,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Per-call time-out of the remote cache; a slow server counts as an outage.", in_cache_key=False),
     Setting("remote.retry_s", parsing.parse_float, parsing.coerce_positive_float, 30.0,
             "After a remote error, seconds before the remote cache is tried again.", in_cache_key=False),
+    Setting("remote.agree", parsing.parse_bool, parsing.coerce_bool, True,
+            "Processes sharing the remote cache take one pick per selection: the first to publish its pick wins, "
+            "the others take it (the ranks of a distributed job never pick differently).", in_cache_key=False),
+    Setting("remote.agree_wait_s", parsing.parse_float, parsing.coerce_non_negative_float, 600.0,
+            "Seconds a process waits for the pick of another that is measuring the same selection, before "
+            "measuring on its own (it still takes a pick published first).", in_cache_key=False),
     Setting("bundles", parsing.parse_path_list, parsing.coerce_path_tuple, (),
             "Bundles of tuning records consulted read-only after the local and remote tiers "
             "(os.pathsep separated in the environment).", in_cache_key=False),

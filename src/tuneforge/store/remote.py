@@ -451,6 +451,25 @@ class RemoteCache:
         elif status == "skipped":
             self._count("dropped")
 
+    # ------------------------------------------------------------------- first writer wins (tune/agree.py)
+
+    def put_first(self, kind: str, key: str, body: bytes, ttl_s: float | None = None,
+                  replace: bool = False) -> bool | None:
+        """Store `body` under ``kind:key`` now, unless a value is there (SET NX; `replace`: regardless): True if
+        this call stored it, False if one was there, None when the server could not be asked. Sealed."""
+        if not self._valid_key(key):
+            return None
+        rkey = self._redis_key(kind, key)
+        value, seconds = seal(self._secret, rkey, body), self.ttl_s if ttl_s is None else ttl_s
+        px = max(1, round(seconds * 1000)) if seconds > 0 else None
+        status, stored = self._call(f"set-nx {rkey.decode()}",
+                                    lambda: self._redis().set(rkey, value, px=px, nx=not replace))
+        return bool(stored) if status == "ok" else None
+
+    def get_first(self, kind: str, key: str) -> bytes | None:
+        """The verified body that put_first stored under ``kind:key``, or None."""
+        return self._fetch(kind, key) if self._valid_key(key) else None
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued put has been written or dropped; False if ``timeout`` ran out first."""
         return self._queue.flush(timeout)

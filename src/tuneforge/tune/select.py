@@ -29,6 +29,7 @@ from tuneforge.store.fsutil import LockTimeout, file_lock
 from tuneforge.store.records import Record
 from tuneforge.store.shipped import Nearest
 from tuneforge.store.tiers import RecordSource, record_tiers
+from tuneforge.tune import agree
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.confirm import CONFIDENCE
 from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
@@ -55,7 +56,7 @@ _memo_lock = threading.Lock()
 # a shipped bundle's exact key or its nearest shape), a measurement (tuned), the records there are while
 # some candidates lack one and measuring is off (cache_only), or untuned (fallback: no valid record under
 # cache_only, or tuning itself failed). Reports and the JSON log show it; a Literal keeps the list whole.
-Source = Literal["single", "memo", RecordSource, "bundle-nearest", "tuned", "cache_only", "fallback"]
+Source = Literal["single", "memo", RecordSource, "bundle-nearest", "tuned", "cache_only", "fallback", "agreed"]
 SOURCES: tuple[Source, ...] = get_args(Source)
 
 
@@ -230,11 +231,16 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     elif _incomplete(found, candidates, search, space) and config.get_bool("autotune.cache_only"):
         found.source = "cache_only"
     elif _incomplete(found, candidates, search, space):
-        try:
-            _measure_missing(name, key, candidates, reference, job, found, force, search, space)
-        except _MachineryFailed as failed:
-            return _degraded(name, sizes, key, candidates, failed.cause)
+        found.agreed = None if force else agree.before_measuring(key, candidates)
+        if found.agreed is None:
+            try:
+                _measure_missing(name, key, candidates, reference, job, found, force, search, space)
+            except _MachineryFailed as failed:
+                return _degraded(name, sizes, key, candidates, failed.cause)
     winner, source = _choose(name, sizes, candidates, found, statistic)
+    if source not in ("bundle-nearest", "fallback", "cache_only"):  # one pick for the processes sharing a remote
+        agreed = agree.publish(key, candidates, winner, replace=force and bool(found.benchmarked))
+        winner, source = agreed, source if agreed is winner else "agreed"
     from tuneforge.tune import report as reporting  # tables and logs load only when a decision is made
 
     report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described,
@@ -267,6 +273,7 @@ class _Found:
     measured: set[str] = field(default_factory=set)
     benchmarked: list[str] = field(default_factory=list)
     outcome: Outcome | None = None
+    agreed: Choice | None = None  # another process's published pick, taken instead of measuring
 
     def missing(self, candidates: Sequence[Choice]) -> list[Choice]:
         return [c for c in candidates if c.hash_key not in self.records]
@@ -371,6 +378,8 @@ def _choose(name: str, sizes: Sequence[str], candidates: Sequence[Choice], found
     for choice in candidates:
         if choice.hash_key in records:
             choice.use_record(records[choice.hash_key].info)
+    if found.agreed is not None:
+        return _ready(found.agreed), "agreed"
     ranked = _pick(candidates, records, statistic)
     winner = found.nearest[0] if found.nearest is not None else _first_that_builds(ranked)
     source = found.source
