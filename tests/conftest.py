@@ -22,8 +22,8 @@ from tuneforge import config
 
 # In CI a missing test dependency fails the run: the tests that need it would otherwise skip, and a
 # green run would hide that nothing of the kind was tested. .ci/run sets CI=true (and installs them).
-CI_COMMANDS = ("g++", "redis-server")
-CI_MODULES = ("torch", "redis", "zstandard", "triton", "sklearn", "ray")
+CI_COMMANDS = ("g++", "redis-server", "chromium")
+CI_MODULES = ("torch", "redis", "zstandard", "triton", "sklearn", "ray", "plotly")
 _IMPORT_PROBE = """
 import importlib, sys
 for name in sys.argv[1:]:

@@ -157,6 +157,22 @@ def test_a_batch_of_builds_keeps_each_builds_own_outcome(cluster: RayCluster, tm
     assert lines[1:] == ["built", "built", "CompileError", *["built"] * 15], proc.stdout
 
 
+def test_a_gpu_job_on_a_cluster_without_gpus_fails_alone_with_the_reason(cluster: RayCluster, tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import os
+        from tuneforge.distributed import ShapeJob, tune_many
+
+        jobs = [ShapeJob("gemm", 64, 64, 64, "float16", "cuda"), ShapeJob("matmul", 8, 8, 8)]
+        for r in tune_many(jobs, os.environ["RAY_ADDRESS_FOR_TEST"]):
+            print("RESULT", r.job.label, r.ok, r.error)
+    """)
+    proc = run_python(code, env=driver_env(cluster, tmp_path / "driver", None), timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 2, proc.stdout
+    assert lines[0].startswith("RESULT gemm 64x64x64 float16 cuda False no GPU of fingerprint "), lines
+    assert lines[1] == "RESULT matmul 8x8x8 float32 True None", lines
+
+
 def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cluster: RayCluster,
                                                                             tmp_path: Path) -> None:
     """Last in this module: the dead node stays in Ray's view for a while."""

@@ -19,6 +19,7 @@ import click
 
 from tuneforge import config
 from tuneforge._version import __version__
+from tuneforge.cli_report import report, write_html_report
 from tuneforge.cli_search import replay, search_plan
 from tuneforge.console import (
     describe_error,
@@ -255,12 +256,14 @@ def _check_example_memory(what: str, needed: int) -> None:
 @click.option("--budget", default=None, metavar="LIMITS",
               help="The search's limits: a count (100), a share of the space (15%), seconds (30s), patience=N; "
                    "implies --strategy default. Default with --strategy: 15%,patience=40.")
+@click.option("--report", "report_path", default=None, metavar="FILE",
+              help="Also write the HTML report of the op's records to FILE and print its path.")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Tune on the Ray cluster at ADDRESS (host:port, or auto: the one this machine belongs to): "
                    "builds as Ray tasks on its nodes, measurements on one actor per host and fingerprint. Needs "
                    "the distributed extra.")
 def tune(op: str, shapes: tuple[tuple[int, int, int], ...], dtype: str, device: str, space: str, force: bool,
-         strategy: str | None, budget: str | None, ray_address: str | None) -> None:
+         strategy: str | None, budget: str | None, report_path: str | None, ray_address: str | None) -> None:
     """Tune a shipped op for each shape and print the AUTOTUNE table.
 
     gemm: the tuned GEMM family (C = A @ B) against numpy.matmul (or, with --device cuda, the Triton
@@ -283,10 +286,12 @@ def tune(op: str, shapes: tuple[tuple[int, int, int], ...], dtype: str, device: 
 
         _cache_root()
         tune_on_ray(jobs, ray_address, force)
-        return
-    plan = search_plan(strategy, budget)
-    for job in jobs:
-        _tune_here(job, force, plan)
+    else:
+        plan = search_plan(strategy, budget)
+        for job in jobs:
+            _tune_here(job, force, plan)
+    if report_path is not None:
+        click.echo(f"report: {write_html_report(report_path, op)}")
 
 
 def _tune_here(job: Any, force: bool, plan: Any) -> None:
@@ -404,6 +409,7 @@ def records_clear(op: str | None) -> None:
 
 
 main.add_command(replay)
+main.add_command(report)
 
 
 @main.command()

@@ -2,8 +2,8 @@
 
 1. Builds: every distinct build of every job's candidates, as Ray tasks spread over the group's nodes
    (`RayBuilds`); artifacts go to each node's store and the shared tier.
-2. Measurements: one `BenchActor` per host of the group (`per="node"`: per node), each running one job's
-   selection at a time; jobs are handed to whichever actor is free.
+2. Measurements: one `BenchActor` per host of the group (`per="node"`: per node; CUDA jobs: per GPU), each
+   running one job's selection at a time; jobs are handed to whichever actor of their device is free.
 
 The phases do not overlap, so no build ever shares cores with a measurement. A job whose actor dies (its node
 killed) is handed to another actor of the group, at most `retries` more times; the others go on. Ctrl-C
@@ -95,8 +95,13 @@ def tune_many(jobs: Iterable[ShapeJob], address: str | None = None, *, fingerpri
 
 def _build_phase(jobs: list[ShapeJob], nodes: list[Node], settings: dict[str, Any], retries: int,
                  phases: Phases) -> None:
+    """The CPU jobs' builds as Ray tasks. CUDA jobs build on their GPU actor (Triton and nvcc compile for the
+    GPU they run on, which a CPU task cannot see)."""
+    cpu_jobs = [job for job in jobs if job.device == "cpu"]
+    if not cpu_jobs:
+        return
     builds = RayBuilds(nodes, settings, retries=retries)
-    for label, build in planned_builds(jobs, nodes, settings):
+    for label, build in planned_builds(cpu_jobs, nodes, settings):
         builds.submit(build, label=label)
     builds.wait()
     phases.builds += builds.submitted
@@ -107,33 +112,44 @@ def _build_phase(jobs: list[ShapeJob], nodes: list[Node], settings: dict[str, An
     phases.builds_by_node = by_node
 
 
-def _measuring_nodes(nodes: list[Node], per: str) -> list[Node]:
-    if per == "node":
-        return list(nodes)
-    first: dict[str, Node] = {}
-    for node in nodes:
-        first.setdefault(node.host, node)
-    return list(first.values())
+def _actors(nodes: list[Node], per: str, device: str) -> list[Any]:
+    """The measuring actors of a group for one device: per host (or node) on the CPU; per GPU for CUDA jobs, each
+    seeing its GPU alone (Ray sets CUDA_VISIBLE_DEVICES for an actor that asks for one)."""
+    if device == "cuda":
+        return [BenchActor.options(scheduling_strategy=pinned(node.node_id), num_gpus=1).remote()  # type: ignore
+                for node in nodes for _ in range(int(node.gpus))]
+    if per == "host":
+        first: dict[str, Node] = {}
+        for node in nodes:
+            first.setdefault(node.host, node)
+        nodes = list(first.values())
+    return [BenchActor.options(scheduling_strategy=pinned(node.node_id)).remote()  # type: ignore[attr-defined]
+            for node in nodes]
 
 
 def _measure_phase(jobs: list[ShapeJob], fingerprint: str, nodes: list[Node], settings: dict[str, Any], per: str,
                    retries: int, force: bool, phases: Phases) -> list[JobResult]:
-    actors = [BenchActor.options(scheduling_strategy=pinned(node.node_id)).remote()  # type: ignore[attr-defined]
-              for node in _measuring_nodes(nodes, per)]
+    devices = sorted({job.device for job in jobs})
+    actors = {device: _actors(nodes, per, device) for device in devices}
     order = {id(job): i for i, job in enumerate(jobs)}
-    waiting: deque[tuple[ShapeJob, int]] = deque((job, 1) for job in jobs)
+    waiting = {device: deque((job, 1) for job in jobs if job.device == device) for device in devices}
     running: dict[ray.ObjectRef[Any], tuple[Any, ShapeJob, int]] = {}
-    idle = list(actors)
+    idle = {device: list(pool) for device, pool in actors.items()}
     results: list[JobResult] = []
     try:
-        while waiting or running:
-            while waiting and idle:
-                actor = idle.pop()
-                job, attempt = waiting.popleft()
-                running[actor.run.remote(job, fingerprint, settings, force)] = (actor, job, attempt)
-            if not running:  # jobs left, no actor: every measuring node of the group is gone
-                results += [JobResult(job, fingerprint, error=f"no live node of fingerprint {fingerprint} left to "
-                                      "measure on", attempts=attempt - 1) for job, attempt in waiting]
+        while any(waiting.values()) or running:
+            for device, queue in waiting.items():
+                while queue and idle[device]:
+                    actor = idle[device].pop()
+                    job, attempt = queue.popleft()
+                    running[actor.run.remote(job, fingerprint, settings, force)] = (actor, job, attempt)
+                if queue and not any(job.device == device for _, job, _ in running.values()):
+                    # jobs left, no actor: the group has no GPU, or every measuring node of it is gone
+                    what = "GPU" if device == "cuda" and not actors[device] else "live node"
+                    results += [JobResult(job, fingerprint, error=f"no {what} of fingerprint {fingerprint} left "
+                                          "to measure on", attempts=attempt - 1) for job, attempt in queue]
+                    queue.clear()
+            if not running:
                 break
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
@@ -148,12 +164,13 @@ def _measure_phase(jobs: list[ShapeJob], fingerprint: str, nodes: list[Node], se
                     else:
                         log.warning("%s lost with its actor (%s): handed to another", job.label, type(exc).__name__)
                         phases.jobs_retried += 1
-                        waiting.appendleft((job, attempt + 1))
+                        waiting[job.device].appendleft((job, attempt + 1))
                     continue
                 result.job, result.attempts = job, attempt  # the driver's own job object (results keep its order)
                 results.append(result)
-                idle.append(actor)
+                idle[job.device].append(actor)
     finally:  # Ctrl-C included: killing the actors stops their jobs (and their benchmark workers die with them)
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        for pool in actors.values():
+            for actor in pool:
+                ray.kill(actor, no_restart=True)
     return sorted(results, key=lambda r: order[id(r.job)])

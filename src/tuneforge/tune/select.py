@@ -240,7 +240,8 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     winner, source = _choose(name, sizes, candidates, found, statistic)
     if source not in ("bundle-nearest", "fallback", "cache_only"):  # one pick for the processes sharing a remote
         agreed = agree.publish(key, candidates, winner, replace=force and bool(found.benchmarked))
-        winner, source = agreed, source if agreed is winner else "agreed"
+        if agreed is not winner:
+            winner, source = agreed, "agreed"
     from tuneforge.tune import report as reporting  # tables and logs load only when a decision is made
 
     report = reporting.SelectionReport(op=name, key=key, sizes=sizes, inputs=described,
