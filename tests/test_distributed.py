@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -171,6 +172,48 @@ def test_a_gpu_job_on_a_cluster_without_gpus_fails_alone_with_the_reason(cluster
     assert len(lines) == 2, proc.stdout
     assert lines[0].startswith("RESULT gemm 64x64x64 float16 cuda False no GPU of fingerprint "), lines
     assert lines[1] == "RESULT matmul 8x8x8 float32 True None", lines
+
+
+def cluster_processes(cluster: RayCluster, marker: str) -> list[str]:
+    """Command lines of the live processes the cluster's nodes started (their environment names a node's cache)
+    that mention `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and str(cluster.root).encode() in environ and state not in ("Z", "X"):
+            found.append(cmdline)
+    return found
+
+
+def test_ctrl_c_on_the_driver_stops_the_builds_and_the_measurements(cluster: RayCluster, tmp_path: Path) -> None:
+    env = {**os.environ, **driver_env(cluster, tmp_path / "cli", None, bench_s=0.5)}
+    shapes = [arg for k in range(8, 40, 4) for arg in ("--shape", f"24x24x{k}")]
+    driver = subprocess.Popen([sys.executable, "-m", "tuneforge", "tune", "matmul", *shapes, "--ray", cluster.address],
+                              env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not cluster_processes(cluster, "tuneforge.tune.worker") and time.monotonic() < deadline:
+            time.sleep(0.1)  # an actor is measuring: its benchmark worker runs
+        assert cluster_processes(cluster, "tuneforge.tune.worker"), driver.communicate()
+        os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C in the driver's terminal
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr
+    deadline = time.monotonic() + 60
+    while (left := cluster_processes(cluster, "tuneforge.tune.worker") + cluster_processes(cluster, "BenchActor")) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left  # no measurement goes on without its driver
 
 
 def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cluster: RayCluster,

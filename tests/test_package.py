@@ -93,7 +93,7 @@ def stub(path: Path, body: str) -> None:
 @pytest.fixture
 def ci_sandbox(tmp_path: Path) -> Path:
     """A copy of .ci/run in a tree of its own, on a PATH of stubs: apt-get, python3 (whose venv holds
-    pip, python, ruff and mypy stubs), g++ and redis-server, steered by FAKE_* variables; the real
+    pip, python, ruff and mypy stubs), g++, redis-server and chromium, steered by FAKE_* variables; the real
     tools the script and the stubs use are linked in, and nothing else is on PATH."""
     repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
     (repo / ".ci").mkdir(parents=True)
@@ -104,7 +104,7 @@ def ci_sandbox(tmp_path: Path) -> Path:
         real = shutil.which(tool)
         assert real, f"{tool} is needed to run .ci/run in a sandbox"
         (bin_dir / tool).symlink_to(real)
-    for command in ("g++", "redis-server"):
+    for command in ("g++", "redis-server", "chromium"):
         stub(bin_dir / command, "exit 0\n")
     log = tmp_path / "calls.log"
     # apt-get: FAKE_APT=fail refuses; =empty succeeds without providing anything; else installs a stub.
@@ -172,3 +172,10 @@ def test_ci_script_fails_when_a_dependency_cannot_be_installed(ci_sandbox: Path,
     assert "README test command ran" not in out  # stopped before the tests could skip
     named = "torch" if "torch" in case else missing
     assert "error: " in out and named in out.split("error: ", 1)[1], out
+
+
+def test_ci_script_installs_a_missing_browser(ci_sandbox: Path) -> None:
+    (ci_sandbox / "bin" / "chromium").unlink()
+    code, out, calls = ci_run(ci_sandbox)
+    assert code == 0 and "README test command ran" in out, out
+    assert "apt-get install -y -qq chromium" in calls
