@@ -68,6 +68,11 @@ def outcome(stdout: str) -> dict[str, Any]:
     return found
 
 
+def remote_hits(cache: Path) -> int:
+    stats = cache / "artifacts" / "remote_stats.json"
+    return int(json.loads(stats.read_text()).get("hits", 0)) if stats.exists() else 0
+
+
 def test_jobs_spread_over_the_nodes_and_their_records_reach_the_shared_tier_and_the_driver(
         cluster: RayCluster, tmp_path: Path, redis_clean: str) -> None:
     import redis
@@ -87,8 +92,9 @@ def test_jobs_spread_over_the_nodes_and_their_records_reach_the_shared_tier_and_
     client = redis.Redis.from_url(redis_clean)
     assert len(client.keys("tuneforge:*:rec:*")) == len(ks)
     # What one node built, the other fetched from Redis rather than compiling it again (every selection key was
-    # new, so the hits are artifacts).
+    # new, so the hits are artifacts), and the nodes' statistics counted it.
     assert client.info("stats")["keyspace_hits"] > 0
+    assert sum(remote_hits(cluster.root / name) for name in cluster.nodes) > 0
 
 
 def test_the_nodes_records_answer_a_second_run_without_measuring(cluster: RayCluster, tmp_path: Path,

@@ -115,12 +115,14 @@ def run_task(build: object, settings: dict[str, Any]) -> BuildResult | BaseExcep
         started = time.perf_counter()
         with applied_settings(settings):
             key, path, compiled = builder_for(build).build(build)
-            if compiled and config.get_optional_str("remote.url"):
+            if config.get_optional_str("remote.url"):
                 from tuneforge.store.remote import flush_all
                 from tuneforge.store.tiers import remote_stats_file
 
-                # Worker processes end without running atexit hooks: send the shared artifact now.
-                flush_all(timeout=config.get_float("remote.timeout_s") * 4 + 5)
+                # Worker processes end without running atexit hooks: send the shared artifact now, and count
+                # what the remote did (a fetched artifact's hit too: it was lost when the worker ended)
+                if compiled:
+                    flush_all(timeout=config.get_float("remote.timeout_s") * 4 + 5)
                 remote_stats_file().flush_quietly()
         return BuildResult(key, str(path), compiled, time.perf_counter() - started)
     except _Terminated:
