@@ -28,7 +28,6 @@ one warning per process unless remote.allow_unsigned is set (remote_settings); a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hmac
 import json
 import logging
@@ -41,6 +40,7 @@ from tuneforge import config
 from tuneforge.parsing import mask_url_password
 from tuneforge.store.breaker import CircuitBreaker
 from tuneforge.store.record import Record
+from tuneforge.store.remote_counters import RemoteStats
 from tuneforge.store.remote_format import (
     FORMAT_VERSION,
     MAC_LEN,
@@ -70,30 +70,6 @@ _CLOSE_FLUSH_S = 5.0
 _MAX_KEY_CHARS = 1024
 
 _Status = str  # "ok", "skipped" (breaker open, or closed) or "error"
-
-
-@dataclass
-class RemoteStats:
-    """Counters of one RemoteCache in this process.
-
-    Every get ends in exactly one of hits, misses (not in Redis), rejected (a value that failed its
-    signature, format, size or checksum), unusable (an intact artifact that cannot be used here: its
-    meta is malformed, it names a file it lacks, or a library is not one this machine can load),
-    errors (Redis failed or timed out) or skipped (the circuit breaker was open).  Every put ends in
-    exactly one of puts, dropped (queue full, breaker open, too large, inconsistent) or errors.
-    """
-
-    hits: int = 0
-    misses: int = 0
-    errors: int = 0
-    rejected: int = 0
-    puts: int = 0
-    dropped: int = 0
-    skipped: int = 0
-    unusable: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
