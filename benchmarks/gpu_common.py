@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import importlib
 import json
 import math
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -261,10 +263,14 @@ def tuneforge_entry(exc: Exception) -> tuple[Callable[[Any, Any], Any], str]:
 
 
 def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callable[[Any, Any], Any] | None]:
+    profiler = cProfile.Profile() if task.get("profile") else None
     started = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     try:
         import tuneforge
 
+        imported = time.perf_counter()
         fn: Callable[[Any, Any], Any] = tuneforge.gemm
         entry = "tuneforge.gemm"
         try:
@@ -275,7 +281,16 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
         torch.cuda.synchronize()
     except Exception as exc:
         return {"tuneforge_failed": one_line(exc)}, None
-    result: Row = {"first_s": time.perf_counter() - started, "entry": entry, "error": rel_error(torch, out, a, b)}
+    finally:
+        if profiler is not None:
+            profiler.disable()
+    result: Row = {"first_s": time.perf_counter() - started, "import_s": imported - started, "entry": entry,
+                   "error": rel_error(torch, out, a, b)}
+    if profiler is not None:  # where the first call's time went, in the children's log
+        print(f"=== profile of tuneforge's first call ({task.get('what', '?')}, {shape_text(task['shape'])} "
+              f"{task['dtype']}): {result['first_s'] * 1e3:.1f} ms, import {result['import_s'] * 1e3:.1f} ms")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(45)
+        sys.stdout.flush()
     try:
         result["winner"] = read_winner()
     except Exception as exc:

@@ -215,7 +215,9 @@ class Runner:
                   "TORCHINDUCTOR_CACHE_DIR": str(base / "tf-inductor")}
         remote = ({"TUNEFORGE_REMOTE_URL": self.redis_url, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
                   if self.redis_url else {})
-        common: Row = {"shape": list(shape), "dtype": dtype, "seed": self.args.seed}
+        common: Row = {"shape": list(shape), "dtype": dtype, "seed": self.args.seed, "profile": self.args.profile}
+        if self.args.profile:  # the selection's table (build and benchmark seconds) in the children's log too
+            tf_env["TUNEFORGE_AUTOTUNE_VERBOSE"] = "1"
 
         def first(result: Row, what: str, field: str, scale: float) -> None:
             failed = result.get("failed") or result.get("tuneforge_failed")
@@ -230,17 +232,19 @@ class Runner:
 
         first(self.run({**common, "kind": "inductor", "env": inductor_env}, "cold"), "Inductor cold",
               "inductor_cold_s", 1.0)
-        cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote)},
-                        "cold")
+        cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote),
+                         "what": "cold"}, "cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
         first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",
               "inductor_warm_ms", 1e3)
         if remote:
             fresh = {**tf_env, **remote, "TUNEFORGE_CACHE_DIR": str(base / "fresh"),
                      "TRITON_CACHE_DIR": str(base / "fresh-triton")}
-            first(self.run({**common, "kind": "tuneforge", "env": fresh}, "warm"), "tuneforge fresh machine + Redis",
+            first(self.run({**common, "kind": "tuneforge", "env": fresh, "what": "fresh machine + Redis"}, "warm"),
+                  "tuneforge fresh machine + Redis",
                   "redis_warm_ms", 1e3)
         steady_task = {**common, "kind": "tuneforge", "env": tf_env, "steady": True, "inductor_env": inductor_env,
+                       "what": "warm",
                        "rounds": self.args.rounds, "rep_ms": self.args.rep_ms}
         warm = self.run(steady_task, "steady")
         first(warm, "tuneforge warm", "tuneforge_warm_ms", 1e3)
@@ -275,6 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting measurements after this")
     parser.add_argument("--launch", choices=["fork", "spawn"], default="fork")
     parser.add_argument("--no-redis", action="store_true", help="skip the fresh-machine-with-Redis figure")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile tuneforge's first calls (cProfile, into the children's log)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

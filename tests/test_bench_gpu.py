@@ -67,3 +67,62 @@ def test_graph_replay_divides_by_the_calls_it_captured() -> None:
     # Every replay ran GRAPH_BATCH captured adds on top of the one warm call outside the capture.
     assert int(x[0].item()) % GRAPH_BATCH == 1
     assert timing.median_ms < 0.5  # a tiny add, its launch cost amortised over the batch
+
+
+def test_gpu_timing_settings_default_to_a_flushed_l2_and_a_short_budget() -> None:
+    from tuneforge import config
+
+    assert config.get_bool("cuda.flush_l2") is True
+    assert 0 < config.get_float("cuda.bench_time_s") < config.get_float("autotune.bench_time_s")
+    assert config.get_float("cuda.spin_up_s") > 0
+
+
+@pytest.mark.gpu
+def test_the_first_timing_of_a_process_follows_a_spin_up_of_the_clocks() -> None:
+    _need_cuda()
+    import torch as t
+
+    from tuneforge.tune import bench_gpu
+
+    bench_gpu._spun_up.clear()
+    device = t.device("cuda", t.cuda.current_device())
+    started = t.cuda.Event(enable_timing=True)
+    started.record()
+    bench_gpu.spin_up(t, device, seconds=0.05)
+    ended = t.cuda.Event(enable_timing=True)
+    ended.record()
+    t.cuda.synchronize()
+    assert started.elapsed_time(ended) >= 40  # the GPU was kept busy, not just the host
+    again = time_of(lambda: bench_gpu.spin_up(t, device, seconds=1.0))
+    assert again < 0.05  # once per device and process
+
+
+def time_of(fn: object) -> float:
+    import time
+
+    started = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - started
+
+
+@pytest.mark.gpu
+def test_side_by_side_rounds_order_two_products_by_their_work() -> None:
+    _need_cuda()
+    import torch as t
+
+    from tuneforge.tune.bench_gpu import time_side_by_side_gpu
+    from tuneforge.tune.confirm import confidence
+
+    a = t.randn(4096, 4096, device="cuda", dtype=t.float16)
+    b = t.randn(4096, 4096, device="cuda", dtype=t.float16)
+    out = t.empty(4096, 4096, device="cuda", dtype=t.float16)
+    setups = []
+    timings, rounds = time_side_by_side_gpu(
+        [lambda: t.mm(a[:, :2048], b[:2048], out=out), lambda: t.mm(a, b, out=out)],
+        lambda: setups.append(1), typical_ms=0.1, budget_s=0.0)
+    assert [len(r) for r in rounds] == [5, 5]  # the minimum of rounds, the budget being spent
+    assert all(timing.method == "cuda-events+l2flush+paired" for timing in timings)
+    assert timings[0].median_ms < timings[1].median_ms  # half the K, half the work
+    sure = confidence(rounds[0], rounds[1], "full")
+    assert sure["faster_in"] == 5 and sure["p"] <= 1 / 32
+    assert len(setups) == sum(t_.count for t_ in timings) + 2  # before every timed run and each warm run

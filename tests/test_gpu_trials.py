@@ -272,3 +272,23 @@ def test_a_cuda_job_is_timed_with_events_in_its_gpus_own_worker(fresh_workers: P
     worker = runner._workers[f"cuda:{index}"]
     assert f"CUDA_VISIBLE_DEVICES={index}".encode() in Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
     assert "cpu" not in runner._workers  # a GPU job never used the CPU's worker
+
+
+def torch_add_again(a: Any, b: Any, out: Any) -> None:
+    import torch
+
+    torch.add(a, b, out=out)
+
+
+@pytest.mark.gpu
+def test_a_near_tie_on_a_gpu_is_timed_again_side_by_side(fresh_workers: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    job = job_of(*(gpu(0, n=1 << 22) for _ in range(3)))
+    choices: list[Choice] = [ExternChoice(torch_add), ExternChoice(torch_add_again)]
+    records = run_isolated(job, choices, reference=choices[0])
+    # The same work twice: a tie, re-timed in paired rounds of CUDA events (a host clock would time launches).
+    assert {r.method for r in records.values()} == {"cuda-events+l2flush+paired"}
+    sure = [r.info["confidence"] for r in records.values() if "confidence" in r.info]
+    assert len(sure) == 1 and sure[0][0]["rounds"] >= 5

@@ -201,3 +201,13 @@ def test_the_gpu_fingerprint_reads_the_device() -> None:
 
     facts = gpu_fingerprint(0)
     assert facts["name"] == torch.cuda.get_device_name(0) and facts["driver"] > 0 and len(facts["hash"]) > 20
+
+
+@pytest.mark.parametrize("name", ["numpy", "jinja2", "pytest"])
+def test_a_packages_version_is_read_without_importing_it_as_metadata_says(name: str) -> None:
+    from importlib import metadata
+
+    from tuneforge.tune.fingerprint import package_version
+
+    assert package_version(name) == metadata.version(name)
+    assert package_version("no_such_package_here") is None

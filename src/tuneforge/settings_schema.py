@@ -106,6 +106,17 @@ SETTINGS: tuple[Setting, ...] = (
             "torch", "How tuneforge.gemm multiplies float32 CUDA tensors: ieee, tf32 (tensor cores, ~1e-3 relative "
             "error), tf32x3 (three TF32 products, near-IEEE accuracy), or torch: tf32 where torch allows it "
             "(torch.backends.cuda.matmul.allow_tf32), else ieee.", in_cache_key=False),
+    Setting("cuda.flush_l2", parsing.parse_bool, parsing.coerce_bool, True,
+            "Write a buffer twice the GPU's L2 size before every timed run on a GPU, so each run reads its "
+            "operands from memory as in a real program and the host's launch work stays outside the timed "
+            "region (off: cache-warm timings, launch overhead included).", in_cache_key=False),
+    Setting("cuda.bench_time_s", parsing.parse_float, parsing.coerce_positive_float, 0.03,
+            "Time budget in seconds for the timed runs of one choice on a GPU (CUDA events resolve microseconds: "
+            "a shorter budget than autotune.bench_time_s, which the host's clock needs).", in_cache_key=False),
+    Setting("cuda.spin_up_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.15,
+            "Seconds of matrix products a process runs on a GPU before its first timing, so the clocks have left "
+            "their idle state (an idle H200 runs at 345 MHz): the first choice timed is not timed slow.",
+            in_cache_key=False),
     Setting("kernel_threads", parsing.parse_int, parsing.coerce_non_negative_int, 0,
             "Most threads a shipped kernel (gemm) may use; 0: every core this process may use.",
             in_cache_key=False),

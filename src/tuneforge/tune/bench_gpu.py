@@ -6,8 +6,18 @@ are queued before the first event, so the timed region holds the kernel's own wo
 The events are read once, after all runs, so the host never waits between runs.
 
 How many runs: a first measurement of a few runs estimates one run's time, then the warm-up lasts
-``warmup_s`` and the timed runs ``budget_s`` (at least ``min_repeats``, at most ``max_repeats``), as
-for the CPU benchmark, whose settings (``autotune.*``) they share.
+``warmup_s`` and the timed runs ``budget_s`` (``cuda.bench_time_s``; at least ``min_repeats``, at most
+``max_repeats``, shared with the CPU benchmark's ``autotune.*``).
+
+The L2 flush (``cuda.flush_l2``, on by default) does two things: each run reads its operands from memory,
+as in a program where other kernels ran in between, and the host's launch work for the run overlaps the
+flush, so a choice with a slower Python launch path is not timed its launch (seen on an H200: without
+it, every Triton kernel of a 20 us product lost to cuBLAS by its ctypes launch). An idle GPU runs at its
+lowest clock (345 MHz on an H200); the first timing of a process is preceded by ``cuda.spin_up_s`` of
+matrix products, so the choice timed first is not timed while the clock ramps up.
+
+Side by side (`time_side_by_side_gpu`): close choices are timed again in alternating rounds, each a
+batch of event-timed runs, so that a drift of the GPU (clock, temperature) hits all of them alike.
 
 Microsecond kernels: with ``graph=True`` the runs are captured in a CUDA graph, ``GRAPH_BATCH`` calls
 per replay, and a sample is one replay's time divided by the calls in it; launch overhead, which a
@@ -20,19 +30,24 @@ torch is imported when a benchmark runs: importing this module costs nothing wit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tuneforge import config
 from tuneforge.tune.bench import Timing
 
-__all__ = ["GRAPH_BATCH", "benchmark_gpu", "l2_flush_bytes", "plan_runs"]
+__all__ = ["GRAPH_BATCH", "benchmark_gpu", "l2_flush_bytes", "plan_runs", "spin_up", "time_side_by_side_gpu"]
 
 GRAPH_BATCH = 20  # calls captured per graph replay
 _ESTIMATE_RUNS = 3
 _MAX_WARMUP_RUNS = 1000
+_ROUND_BATCH_MS = 2.0  # each run's batch in a side-by-side round lasts about this long
 _DEFAULT_L2_BYTES = 50 * 2**20  # an H100's L2, when the device does not say
 _flush_buffers: dict[int, Any] = {}  # device index -> int8 tensor
+_spun_up: set[int] = set()  # device indices this process has run its spin-up on
+_SPIN_UP_SIZE = 2048  # a bf16 product of this size takes ~20 us on an H100: short steps, a busy GPU
 
 
 def plan_runs(estimate_ms: float, *, warmup_s: float, budget_s: float, min_repeats: int,
@@ -53,12 +68,33 @@ def l2_flush_bytes(l2_bytes: int | None) -> int:
 
 
 def _flush_buffer(torch: Any, device: Any) -> Any:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(torch, device)
     buffer = _flush_buffers.get(index)
     if buffer is None:
         l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", None)
         buffer = _flush_buffers[index] = torch.empty(l2_flush_bytes(l2), dtype=torch.int8, device=device)
     return buffer
+
+
+def _device_index(torch: Any, device: Any) -> int:
+    return int(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def spin_up(torch: Any, device: Any, seconds: float | None = None) -> None:
+    """Keep the GPU busy with matrix products for `seconds` (``cuda.spin_up_s``), once per device and process:
+    its clocks leave their idle state before the first timing."""
+    index = _device_index(torch, device)
+    seconds = config.get_float("cuda.spin_up_s") if seconds is None else seconds
+    if index in _spun_up or seconds <= 0:
+        return
+    _spun_up.add(index)
+    x = torch.randn(_SPIN_UP_SIZE, _SPIN_UP_SIZE, device=device).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(20):
+            torch.mm(x, x, out=y)
+        torch.cuda.synchronize(device)
 
 
 def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
@@ -69,12 +105,13 @@ def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
     import torch
 
     warmup_s = config.get_float("autotune.warmup_s") if warmup_s is None else warmup_s
-    budget_s = config.get_float("autotune.bench_time_s") if budget_s is None else budget_s
+    budget_s = config.get_float("cuda.bench_time_s") if budget_s is None else budget_s
     min_repeats = config.get_int("autotune.min_repeats") if min_repeats is None else min_repeats
     max_repeats = config.get_int("autotune.max_repeats") if max_repeats is None else max_repeats
-    flush_l2 = config.get_bool("autotune.flush_cache") if flush_l2 is None else flush_l2
+    flush_l2 = config.get_bool("cuda.flush_l2") if flush_l2 is None else flush_l2
     device = torch.device("cuda") if device is None else torch.device(device)
     with torch.cuda.device(device):
+        spin_up(torch, device)
         flush = _flush_buffer(torch, device) if flush_l2 else None
         run = _graph_replay(torch, fn, setup) if graph else fn
         calls = GRAPH_BATCH if graph else 1
@@ -123,3 +160,52 @@ def _graph_replay(torch: Any, fn: Callable[[], object], setup: Callable[[], obje
             fn()
     replay: Callable[[], object] = graph.replay
     return replay
+
+
+def time_side_by_side_gpu(runs: Sequence[Callable[[], object]], setup: Callable[[], object], typical_ms: float,
+                          device: Any = None, *, min_rounds: int = 5, max_rounds: int = 15,
+                          budget_s: float | None = None) -> tuple[list[Timing], list[list[float]]]:
+    """Alternating rounds of each run, each a batch of event-timed runs (L2 flushed before each, as in
+    `benchmark_gpu`): one Timing per run (method ``cuda-events+l2flush+paired``), and per run its batch's
+    median in each round (what confirm.confidence compares). Rounds continue past `min_rounds` while the
+    budget (twice ``cuda.bench_time_s`` per run) lasts, up to `max_rounds`."""
+    import torch
+
+    device = torch.device("cuda") if device is None else torch.device(device)
+    flush_l2 = config.get_bool("cuda.flush_l2")
+    budget_s = 2 * len(runs) * config.get_float("cuda.bench_time_s") if budget_s is None else budget_s
+    batch = max(3, min(100, int(_ROUND_BATCH_MS / max(typical_ms, 1e-6))))
+    samples: list[list[float]] = [[] for _ in runs]
+    per_round: list[list[float]] = [[] for _ in runs]
+    event: Any = torch.cuda.Event
+    with torch.cuda.device(device):
+        spin_up(torch, device)
+        flush = _flush_buffer(torch, device) if flush_l2 else None
+        for run in runs:  # warm: a first launch's lazy loading is no round's
+            setup()
+            run()
+        started = time.perf_counter()
+        rounds = 0
+        while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - started < budget_s):
+            order = list(range(len(runs)))
+            if rounds % 2:
+                order.reverse()
+            pending: list[tuple[int, list[tuple[Any, Any]]]] = []
+            for i in order:
+                events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(batch)]
+                for start, end in events:
+                    setup()
+                    if flush is not None:
+                        flush.zero_()
+                    start.record()
+                    runs[i]()
+                    end.record()
+                pending.append((i, events))
+            torch.cuda.synchronize()
+            for i, events in pending:
+                times = [start.elapsed_time(end) for start, end in events]
+                samples[i].extend(times)
+                per_round[i].append(statistics.median(times))
+            rounds += 1
+    method = "cuda-events" + ("+l2flush" if flush_l2 else "") + "+paired"
+    return [Timing.from_samples(s, method) for s in samples], per_round

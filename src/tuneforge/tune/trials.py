@@ -11,7 +11,7 @@ crash in the next choice loses nothing.
 
 A job on a GPU ("cuda:N", see device.py) is timed with CUDA events (bench_gpu.py) under the same settings,
 with a device synchronisation after the checked run, so an asynchronous kernel error is that choice's;
-a near tie is not re-timed side by side (confirm.py times the host's wall clock). A choice that leaves
+a near tie is re-timed side by side with CUDA events (bench_gpu.time_side_by_side_gpu). A choice that leaves
 the CUDA context unusable gets its ``runtime_error`` record, then `DeviceContextLost` stops the run:
 nothing more can run in this process (a benchmark worker exits, and its parent starts a fresh one).
 """
@@ -30,7 +30,7 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
 from tuneforge.tune.bench import LONG_RUN_NS, Timing, benchmark_cpu
-from tuneforge.tune.bench_gpu import benchmark_gpu
+from tuneforge.tune.bench_gpu import benchmark_gpu, time_side_by_side_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import CONFIDENCE, confidence, near_tie, time_side_by_side
 from tuneforge.tune.device import DeviceContextLost, is_sticky_cuda_error
@@ -236,8 +236,6 @@ class Trials:
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest, or a narrow win over the reference, side by side (see
         confirm.py): their new records, by index."""
-        if self.job.device != "cpu":  # side by side on the host's clock would time the launches only
-            return []
         # a choice timed on a sample only was never checked on the whole problem: it must not win here
         tie = near_tie([(choice, record) for _, choice, record in results if SAMPLED not in record.method],
                        config.get_str("autotune.statistic"), self.reference)
@@ -248,10 +246,14 @@ class Trials:
         args = self.args
         typical = min(r.median_ms for _, r in tie if r.median_ms is not None)
         started = time.perf_counter()
+        runs = [functools.partial(choice.run, args) for choice, _ in tie]
         try:
-            timings, rounds = time_side_by_side([functools.partial(choice.run, args) for choice, _ in tie],
-                                                lambda: verify.restore(args, self.initial, restore), typical,
-                                                [choice.is_extern for choice, _ in tie])
+            if self.job.device == "cpu":
+                timings, rounds = time_side_by_side(runs, lambda: verify.restore(args, self.initial, restore),
+                                                    typical, [choice.is_extern for choice, _ in tie])
+            else:
+                timings, rounds = time_side_by_side_gpu(runs, lambda: verify.restore(args, self.initial, restore),
+                                                        typical, self.job.device)
         except Exception as exc:  # it ran before: keep the first figures
             log.warning("%s: re-timing the near tie failed (%s); keeping the first timings", self.job.name, exc)
             return []

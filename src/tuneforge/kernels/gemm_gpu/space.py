@@ -112,7 +112,12 @@ def _candidates(m: int, n: int, k: int, dtype: str) -> list[tuple[int, int, int,
         return [(bm, 64, 2 * bk, 4, 4), (bm, 128, bk, 4, 4), (bm, 128, 2 * bk, 4, 3), (bm, 256, bk, 4, 3),
                 (bm, 64, bk, 4, 5), (bm, 32, 2 * bk, 2, 4)]
     out = [(128, 256, bk, 8, 3), (256, 128, bk, 8, 3), (128, 128, bk, 4, 4), (128, 128, bk, 8, 3),
-           (128, 64, bk, 4, 4), (64, 128, bk, 4, 4), (128, 128, 2 * bk, 8, 3), (64, 64, bk, 4, 5)]
+           (128, 128, bk, 4, 3), (128, 64, bk, 4, 4), (64, 128, bk, 4, 4), (128, 128, 2 * bk, 8, 3),
+           (64, 64, bk, 4, 5)]
+    if wide and m * n <= 4096 * 1024:
+        # A few waves of tiles and a short K (3000x1000x700 on an H200: Inductor's best were 64x128x32 and
+        # 128x128x32, 1.4x cuBLAS): half-depth K steps, more tiles in flight per SM.
+        out += [(64, 128, bk // 2, 4, 3), (128, 128, bk // 2, 4, 3), (128, 64, bk // 2, 4, 3)]
     if m * n <= 1024 * 1024:  # few output tiles: smaller tiles to fill the SMs
         out += [(64, 64, 2 * bk, 4, 3), (64, 32, bk, 4, 4), (32, 64, bk, 4, 4)]
     return out

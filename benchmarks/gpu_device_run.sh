@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One call on a GPU machine that has torch, Triton and nvcc but not tuneforge installed: what the machine
+# is, the gpu-marked tests, then benchmarks/gpu_gemm.py. Run from the repository root:
+#
+#     bash benchmarks/gpu_device_run.sh [TESTS_S [BENCH_S [gpu_gemm.py arguments...]]]
+#
+# TESTS_S (default 150) and BENCH_S (default 300) bound the two parts; 0 skips a part; GPU_TESTS (space
+# separated) runs those test files' gpu tests instead of every file's. Logs and the
+# benchmark's JSON go to $OUT (the device tool's output folder) or benchmarks/results.
+# Optional, not tracked (.git/info/exclude): .gpucarry/whl/*.whl (tuneforge's pure dependencies the machine
+# lacks, e.g. platformdirs, redis, zstandard) and .gpucarry/redis/redis-server (a redis-server that runs
+# there, for the fresh-machine-with-Redis figure).
+set -u
+tests_s=${1:-150}
+bench_s=${2:-300}
+shift $(($# < 2 ? $# : 2))
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/benchmarks/results}
+export OUT
+mkdir -p "$OUT"
+py=${PYTHON:-python3}
+
+if compgen -G ".gpucarry/whl/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tf-site \
+        .gpucarry/whl/*.whl && export PYTHONPATH=/tmp/tf-site
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+if [ -x .gpucarry/redis/redis-server ] && .gpucarry/redis/redis-server --version >/dev/null 2>&1; then
+    export PATH=$PWD/.gpucarry/redis:$PATH
+fi
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+    "$py" -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, \
+'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+    command -v nvcc && nvcc --version | tail -2
+    command -v redis-server && redis-server --version
+    nproc
+} 2>&1 | tee "$OUT/env.txt"
+
+status=0
+if [ "$tests_s" -gt 0 ]; then
+    if [ -n "${GPU_TESTS:-}" ]; then read -r -a files <<<"$GPU_TESTS"  # some test files (or node ids) only
+    else mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py); fi
+    timeout -k 5 "$tests_s" "$py" -m pytest -m gpu -q -p no:cacheprovider --timeout 90 "${files[@]}" \
+        >"$OUT/gpu_tests.log" 2>&1
+    status=$?
+    grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
+    grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -40
+    echo "tests: exit $status"
+fi
+if [ "$bench_s" -gt 0 ]; then
+    timeout -k 10 "$bench_s" "$py" benchmarks/gpu_gemm.py --budget-s $((bench_s - 40)) "$@" 2>&1 \
+        | tee "$OUT/gpu_gemm.log" | tail -70
+    bench=${PIPESTATUS[0]}
+    echo "benchmark: exit $bench"
+    [ "$bench" -eq 0 ] || status=$bench
+fi
+exit "$status"
