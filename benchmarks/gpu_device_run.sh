@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 py=${PYTHON:-python3}
 
 if compgen -G ".gpucarry/whl/*.whl" >/dev/null; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tf-site \
+    "$py" -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/tf-site \
         .gpucarry/whl/*.whl && export PYTHONPATH=/tmp/tf-site
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}

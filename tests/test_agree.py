@@ -45,6 +45,7 @@ x = np.zeros(1000)
 selection = tuneforge.select_detailed("rigged_plus", [ExternChoice(plus_a), ExternChoice(plus_b)], [x],
                                       out=np.empty(1000))
 print("PICK", selection.choice.name, selection.source)
+print("REDIS-PY", "redis" in sys.modules)
 """
 
 
@@ -116,3 +117,15 @@ def test_a_forced_retune_replaces_the_pick_that_later_ranks_take(tmp_path: Path,
     assert forced == [("plus_b", "tuned")]  # rank 0 re-measured: its own pick replaces the published one
     later = picks(start_ranks(tmp_path, [1], env))  # rank 1 again: its records say plus_a, the pick plus_b
     assert later == [("plus_b", "agreed")], later
+
+
+def test_a_rank_deciding_from_shared_records_reads_the_pick_and_imports_no_redis_client(
+        tmp_path: Path, redis_clean: str) -> None:
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
+    (first,) = start_ranks(tmp_path, [1], env)
+    stdout, stderr = first.communicate(timeout=300)
+    assert "PICK plus_a tuned" in stdout and "REDIS-PY True" in stdout, stderr  # it measured and published
+    (warm,) = start_ranks(tmp_path, [2], env)  # a cache of its own: the decision comes from the remote's records
+    stdout, stderr = warm.communicate(timeout=300)
+    assert warm.returncode == 0, stderr
+    assert "PICK plus_a" in stdout and "REDIS-PY False" in stdout, (stdout, stderr)

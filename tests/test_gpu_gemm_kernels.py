@@ -264,7 +264,7 @@ class FakeTensor:
         return self._strides if dim is None else self._strides[dim]
 
 
-def test_arguments_follow_the_signature_and_unit_strides_specialize() -> None:
+def test_arguments_follow_the_signature_and_sizes_and_strides_specialize() -> None:
     a, b, out, bias = FakeTensor((8, 32), (1, 8)), FakeTensor((32, 16), (16, 1)), FakeTensor((8, 16), (16, 1)), \
         FakeTensor((16,), (1,), address=4098)
     r = render("mm", "float16", Epilogue(bias=True, beta=True))
@@ -273,10 +273,13 @@ def test_arguments_follow_the_signature_and_unit_strides_specialize() -> None:
     assert named["stride_am"] == 1 and named["stride_ak"] == 8 and named["K"] == 32
     assert named["alpha"] == 2.0 and named["beta"] == 0.5 and named["bias_ptr"] is bias
     signature, fixed, attrs = specialization(r, args)
-    assert fixed == {"stride_am": 1, "stride_bn": 1, "stride_cn": 1, "stride_bias": 1}
-    assert all(signature[p] == "constexpr" for p in fixed) and signature["stride_ak"] == "i32"
+    assert fixed == {"M": 8, "N": 16, "K": 32, "stride_am": 1, "stride_ak": 8, "stride_bk": 16, "stride_bn": 1,
+                     "stride_cm": 16, "stride_cn": 1, "stride_bias": 1}  # a static shape, as Inductor's
+    assert all(signature[p] == "constexpr" for p in fixed)
+    assert [p for p in r.signature if signature[p] != "constexpr"] == ["a_ptr", "b_ptr", "c_ptr", "bias_ptr",
+                                                                        "alpha", "beta"]
     aligned = {list(r.signature)[i] for (i,) in attrs}
-    assert aligned == {"a_ptr", "b_ptr", "c_ptr", "N", "K", "stride_bk", "stride_cm"}  # bias is 2 bytes off
+    assert aligned == {"a_ptr", "b_ptr", "c_ptr"}  # bias is 2 bytes off
     assert all(v == [["tt.divisibility", 16]] for v in attrs.values())
     assert index_fits(a, b, out, None) and not index_fits(FakeTensor((2**16, 2**16), (2**16, 1)))
     with pytest.raises(ValueError, match="needs ws_ptr"):

@@ -143,12 +143,13 @@ def test_builds_specialize_for_the_layout() -> None:
     assert partial.constexprs["SPLIT_K"] == 4 and partial.constexprs["EVEN_K"] == 1
     names = list(partial.signature)
     aligned = {names[i] for (i,) in partial.attrs}
-    assert {"a_ptr", "b_ptr", "ws_ptr", "N", "K"} <= aligned and "M" in aligned  # 48, 96, 1024: multiples of 16
-    # a misaligned A and an odd M: no divisibility promised for them
+    assert aligned == {"a_ptr", "b_ptr", "ws_ptr"}  # the sizes are constexprs: (M, N, K) = (48, 96, 1024)
+    assert (partial.constexprs["M"], partial.constexprs["N"], partial.constexprs["K"]) == (48, 96, 1024)
+    # a misaligned A and an odd M: no divisibility promised for A, and M is what it is
     odd = replace(layout, m=47, aligned=(False, True, True, True))
-    names_attrs = {list(b.signature)[i] for b in choice.triton_builds(odd, GpuTarget(arch=90)).values()
-                   for (i,) in b.attrs}
-    assert "a_ptr" not in names_attrs and "M" not in names_attrs and "b_ptr" in names_attrs
+    odd_builds = choice.triton_builds(odd, GpuTarget(arch=90))
+    names_attrs = {list(b.signature)[i] for b in odd_builds.values() for (i,) in b.attrs}
+    assert "a_ptr" not in names_attrs and "b_ptr" in names_attrs and odd_builds["splitk"].constexprs["M"] == 47
     transposed = replace(layout, a_strides=(1, 48))
     assert choice.triton_builds(transposed, GpuTarget(arch=90))["splitk"].constexprs["stride_am"] == 1
     if not _has_gpu():  # building for this process's GPU: the choice's own failure, in its future
@@ -412,3 +413,37 @@ def test_a_warm_process_runs_the_tuned_kernels_without_triton_or_jinja(cache_dir
     assert cold["error"] < 1e-2 and warm["error"] < 1e-2
     assert not warm["triton"] and not warm["jinja2"], warm
     assert warm["s"] < cold["s"]
+
+
+@pytest.mark.gpu
+def test_a_warm_process_launches_a_recorded_triton_winner_without_importing_triton(cache_dir: Path) -> None:
+    """The Triton configurations alone (cuBLAS may win the op's own selection, which would launch no
+    kernel): a fresh process finds the recorded winner, checks its stored entry and launches it, and
+    Triton is never imported (keying a build would import it: ~150 ms of a 50 ms budget)."""
+    if not _has_gpu():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from .conftest import run_python
+
+    code = """
+        import json, sys, time, torch
+        a = torch.randn(512, 256, device="cuda", dtype=torch.float16)
+        b = torch.randn(256, 384, device="cuda", dtype=torch.float16)
+        out = torch.empty(512, 384, device="cuda", dtype=torch.float16)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        from tuneforge.kernels.gemm_gpu.op import device_limits, gpu_choices
+        from tuneforge.kernels.gemm_gpu.render import Epilogue
+        from tuneforge.tune.select import select
+        triton_only = gpu_choices(512, 384, 256, "float16", Epilogue(), device_limits(0))[1:4]
+        winner = select("gemm_triton_only", triton_only, [a, b, 1.0, 0.0, None], out=out)
+        winner.run([a, b, 1.0, 0.0, None, out])
+        torch.cuda.synchronize()
+        error = float((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm())
+        print(json.dumps({"s": time.perf_counter() - started, "error": error, "triton": "triton" in sys.modules,
+                          "winner": winner.name}))
+    """
+    cold = json.loads(run_python(code, timeout=600).stdout.strip().splitlines()[-1])
+    warm = json.loads(run_python(code, timeout=120).stdout.strip().splitlines()[-1])
+    assert cold["triton"] and cold["winner"] == warm["winner"] and warm["winner"].startswith("triton_mm")
+    assert cold["error"] < 1e-2 and warm["error"] < 1e-2
+    assert not warm["triton"], warm

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tuneforge.tune import verify
 from tuneforge.tune.verify import changed, compare, tolerances
 
 RELATIVE_ERROR_REJECTED = {"float64": 1e-3, "float32": 5e-2}
@@ -124,3 +125,58 @@ def test_changed_inputs_are_found_by_their_bytes_or_values() -> None:
     assert changed([strided], [np.arange(20.0)[::2].copy()], [0]) == [0]
     nan = np.full(5, np.nan)
     assert changed([nan, None], [nan.copy(), None], [0, 1]) == []
+
+
+# --- torch tensors on a GPU are compared where they live (the same test, computed by torch) -------------------
+
+
+def _verdicts(got: Any, want: Any, rtol: float, atol: float) -> tuple[bool, bool]:
+    """(the host's verdict, the device path's verdict) on the same pair; the device path runs on CPU tensors."""
+    torch = pytest.importorskip("torch")
+    host = verify.compare(got, want, rtol=rtol, atol=atol) is None
+    device = verify._compare_on_device(torch.from_numpy(got), torch.from_numpy(want), rtol, atol) is None
+    return host, device
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("error", [0.0, 1e-6, 1e-3, 1e-1, float("nan"), float("inf")])
+def test_the_device_comparison_agrees_with_the_hosts(dtype: str, error: float) -> None:
+    rng = np.random.default_rng(7)
+    want = rng.standard_normal((37, 53)).astype(dtype)
+    got = want.copy()
+    got[11, 17] = (got[11, 17] + error) if np.isfinite(error) else error
+    rtol, atol = verify.tolerances(dtype)
+    host, device = _verdicts(got, want, rtol, atol)
+    assert host == device
+
+
+def test_the_device_comparison_names_the_problem() -> None:
+    torch = pytest.importorskip("torch")
+    want = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    wrong = want.clone()
+    wrong[2, 1] += 5
+    assert "at index (2, 1) got 14.0, expected 9.0" in verify._compare_on_device(wrong, want, 1e-4, 1e-5)
+    unwritten = want.clone()
+    unwritten[1, 3] = float("nan")
+    assert "non-finite value mismatch at index (1, 3)" in verify._compare_on_device(unwritten, want, 1e-4, 1e-5)
+    ints = torch.arange(6).reshape(2, 3)
+    off = ints.clone()
+    off[1, 0] = 9
+    assert "index (1, 0)" in verify._compare_on_device(off, ints, 0.0, 0.0)
+    assert verify._compare_on_device(ints, ints.clone(), 0.0, 0.0) is None
+    assert "shape" in verify._compare_on_device(want[:2], want, 1e-4, 1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_outputs_and_inputs_are_checked_on_the_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    want = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    assert verify.compare(want.clone(), want) is None
+    wrong = want.clone()
+    wrong[1000, 3] += 100
+    assert "index (1000, 3)" in (verify.compare(wrong, want) or "")
+    saved = verify.snapshot([want, wrong])
+    wrong[0, 0] = float("nan")
+    assert verify.changed([want, wrong], saved, [0, 1]) == [1]

@@ -9,6 +9,8 @@ differently; the ranks of one job must not (their layouts or numerics would diff
   held waits that long at most for the holder's pick, then measures on its own.
 - `publish`: the pick is stored with SET NX, so the first process to finish wins; one that finds another's
   pick there takes that one instead of its own.
+- `recalled`: a process that decided from records (measured nothing) takes the published pick if there is one,
+  and publishes nothing.
 
 A pick names its choice by hash; one that is not among a process's candidates (a different candidate list) is
 not taken, with a warning. Without a remote tier, or while its server is down, each process decides alone.
@@ -87,6 +89,16 @@ def before_measuring(key: str, candidates: Sequence[Choice]) -> Choice | None:
             return found
     log.warning("no pick was published for %s in %.0f s: measuring here", key, wait_s)
     return None
+
+
+def recalled(key: str, candidates: Sequence[Choice], winner: Choice) -> Choice:
+    """The pick for a decision taken from records (nothing measured here): the published one where there is
+    one among the candidates, else `winner`. A read only, through the RESP reader: a warm start writes
+    nothing and never imports redis-py (~80 ms, more than a warm start's budget)."""
+    cache = _remote()
+    if cache is None:
+        return winner
+    return _published(cache, key, candidates) or winner
 
 
 def publish(key: str, candidates: Sequence[Choice], winner: Choice, *, replace: bool = False) -> Choice:

@@ -239,7 +239,8 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
                 return _degraded(name, sizes, key, candidates, failed.cause)
     winner, source = _choose(name, sizes, candidates, found, statistic)
     if source not in ("bundle-nearest", "fallback", "cache_only"):  # one pick for the processes sharing a remote
-        agreed = agree.publish(key, candidates, winner, replace=force and bool(found.benchmarked))
+        agreed = agree.publish(key, candidates, winner, replace=force) if found.benchmarked else \
+            agree.recalled(key, candidates, winner)
         if agreed is not winner:
             winner, source = agreed, "agreed"
     from tuneforge.tune import report as reporting  # tables and logs load only when a decision is made

@@ -34,8 +34,18 @@ def tolerances(dtype: Any) -> tuple[float, float]:
     return _TOLERANCES.get(name, (0.0, 0.0))  # integers and bools must match exactly
 
 
+def _on_gpu(*values: Any) -> bool:
+    """Whether every value is a torch tensor off the host (compared where it lives: copying a 4096^2 output
+    to the host and widening it to float64 took ~0.3 s a choice on an H200's host, most of a cold tuning)."""
+    return all(hasattr(v, "detach") and getattr(getattr(v, "device", None), "type", "cpu") != "cpu" for v in values)
+
+
 def compare(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None) -> str | None:
     """None when `actual` matches `expected` within the dtype's tolerance; otherwise the reason."""
+    if _on_gpu(actual, expected):
+        default_rtol, default_atol = tolerances(expected.dtype)
+        return _compare_on_device(actual, expected, default_rtol if rtol is None else rtol,
+                                  default_atol if atol is None else atol)
     got, want = _as_numpy(actual), _as_numpy(expected)
     if got.shape != want.shape:
         return f"output shape {got.shape} differs from the reference's {want.shape}"
@@ -108,6 +118,41 @@ def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float
             f"(rtol={rtol:g}, atol={atol:g}×{max(scale, 1.0):.3g})")
 
 
+def _compare_on_device(got: Any, want: Any, rtol: float, atol: float) -> str | None:
+    """`compare` for torch tensors on a GPU, computed there: the same test as `_compare_inexact` (in float32,
+    float64 for float64 and complex128 for complex tensors, in which the difference of two close values of
+    the tensors' own type is exact); one number comes back to the host unless the check fails."""
+    import torch
+
+    if tuple(got.shape) != tuple(want.shape):
+        return f"output shape {tuple(got.shape)} differs from the reference's {tuple(want.shape)}"
+    if got.numel() == 0:
+        return None
+    if not (want.is_floating_point() or want.is_complex()):
+        if torch.equal(got, want):
+            return None
+        first = tuple(int(i) for i in torch.nonzero(got != want)[0])
+        return f"wrong result at index {first}: got {got[first].item()}, expected {want[first].item()} " \
+            "(exact match required)"
+    wide = torch.float64 if want.dtype == torch.float64 else torch.complex128 if want.is_complex() else torch.float32
+    g, w = got.to(wide), want.to(wide)
+    finite = torch.isfinite(w)
+    if not torch.equal(torch.isfinite(g), finite):
+        at = tuple(int(i) for i in torch.nonzero(torch.isfinite(g) != finite)[0])
+        return (f"non-finite value mismatch at index {at}: got {got[at].item()}, expected {want[at].item()} "
+                "(was every element of the output written?)")
+    magnitude = torch.where(finite, w.abs(), 0.0)
+    error = torch.where(finite, (g - w).abs(), 0.0)
+    scale = max(float(magnitude.max()), 1.0)
+    excess = error - rtol * magnitude
+    worst = int(torch.argmax(excess))
+    if float(excess.reshape(-1)[worst]) <= atol * scale:
+        return None
+    at = tuple(int(i) for i in np.unravel_index(worst, tuple(got.shape)))
+    return (f"wrong result: max abs error {float(error.max()):.3g}; at index {at} got {got[at].item()}, expected "
+            f"{want[at].item()} (rtol={rtol:g}, atol={atol:g}×{scale:.3g})")
+
+
 def _at(block: tuple[slice, ...], local: Any) -> tuple[int, ...]:
     """An index within a block as an index into the whole array."""
     position = [int(i) for i in local]
@@ -143,11 +188,28 @@ def changed(args: Sequence[Any], saved: Sequence[Any], indices: Sequence[int]) -
             continue
         if isinstance(args[i], np.ndarray) and _same_bytes(args[i], saved[i]):
             continue
+        if _on_gpu(args[i], saved[i]):
+            if not _same_on_device(args[i], saved[i]):
+                out.append(i)
+            continue
         now, before = _as_numpy(args[i]), _as_numpy(saved[i])
         equal_nan = bool(np.issubdtype(now.dtype, np.inexact))
         if not np.array_equal(now, before, equal_nan=equal_nan):
             out.append(i)
     return out
+
+
+def _same_on_device(now: Any, before: Any) -> bool:
+    """Whether two tensors on a GPU hold the same values (NaN equal to NaN), compared there."""
+    import torch
+
+    if now.dtype != before.dtype or tuple(now.shape) != tuple(before.shape):
+        return False
+    if torch.equal(now, before):
+        return True
+    if not (now.is_floating_point() or now.is_complex()):
+        return False
+    return bool(((now == before) | (torch.isnan(now) & torch.isnan(before))).all())
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:
