@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuneforge.tune.bench_gpu import GRAPH_BATCH, benchmark_gpu, l2_flush_bytes, plan_runs
+from tuneforge.tune.bench_gpu import GRAPH_BATCH, benchmark_gpu, host_ahead_ms, l2_flush_bytes, plan_runs
 
 
 def test_run_counts_follow_the_time_budget() -> None:
@@ -126,3 +126,28 @@ def test_side_by_side_rounds_order_two_products_by_their_work() -> None:
     sure = confidence(rounds[0], rounds[1], "full")
     assert sure["faster_in"] == 5 and sure["p"] <= 1 / 32
     assert len(setups) == sum(t_.count for t_ in timings) + 2  # before every timed run and each warm run
+
+
+def test_the_gpu_is_held_long_enough_for_the_host_to_queue_a_batch_and_no_longer() -> None:
+    assert host_ahead_ms(0.05, 100) == pytest.approx(7.5)  # 100 runs of 50 us each, with half again as margin
+    assert host_ahead_ms(0.05, 100_000) == 100.0  # capped: the launch queue would be full long before
+    assert host_ahead_ms(-1.0, 10) == 0.0
+
+
+@pytest.mark.gpu
+def test_a_slow_host_side_is_not_timed_as_the_kernels_time() -> None:
+    """A run whose host side takes 1 ms before it launches a microsecond kernel: timed at the kernel's time,
+    because the GPU waits until the host has queued every run (a Python launch path is no kernel's cost)."""
+    _need_cuda()
+    import time
+
+    import torch as t
+
+    x = t.zeros(1 << 16, device="cuda")
+
+    def slow_host() -> None:
+        time.sleep(0.001)
+        x.add_(1.0)
+
+    timing = benchmark_gpu(slow_host, budget_s=0.02, warmup_s=0.0, min_repeats=10, max_repeats=20)
+    assert timing.median_ms < 0.3, timing  # not the 1 ms the host took per run

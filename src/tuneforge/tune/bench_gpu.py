@@ -9,12 +9,13 @@ How many runs: a first measurement of a few runs estimates one run's time, then 
 ``warmup_s`` and the timed runs ``budget_s`` (``cuda.bench_time_s``; at least ``min_repeats``, at most
 ``max_repeats``, shared with the CPU benchmark's ``autotune.*``).
 
-The L2 flush (``cuda.flush_l2``, on by default) does two things: each run reads its operands from memory,
-as in a program where other kernels ran in between, and the host's launch work for the run overlaps the
-flush, so a choice with a slower Python launch path is not timed its launch (seen on an H200: without
-it, every Triton kernel of a 20 us product lost to cuBLAS by its ctypes launch). An idle GPU runs at its
-lowest clock (345 MHz on an H200); the first timing of a process is preceded by ``cuda.spin_up_s`` of
-matrix products, so the choice timed first is not timed while the clock ramps up.
+The L2 flush (``cuda.flush_l2``, on by default) makes each run read its operands from memory, as in a
+program where other kernels ran in between. Before a batch of timed runs the GPU is held (`hold`) until
+the host has queued them all, so the runs are timed back to back and a choice with a slower host-side
+launch (a Python launch path: 40-60 us) is not timed at the host's pace: its kernel is what is compared
+(seen on an H200: without both, every Triton kernel of a 20 us product lost to cuBLAS by its launch).
+An idle GPU runs at its lowest clock (345 MHz on an H200); the first timing of a process is preceded by
+``cuda.spin_up_s`` of matrix products, so the choice timed first is not timed while the clock ramps up.
 
 Side by side (`time_side_by_side_gpu`): close choices are timed again in alternating rounds, each a
 batch of event-timed runs, so that a drift of the GPU (clock, temperature) hits all of them alike.
@@ -38,11 +39,16 @@ from typing import Any
 from tuneforge import config
 from tuneforge.tune.bench import Timing
 
-__all__ = ["GRAPH_BATCH", "benchmark_gpu", "l2_flush_bytes", "plan_runs", "spin_up", "time_side_by_side_gpu"]
+__all__ = ["GRAPH_BATCH", "benchmark_gpu", "hold", "host_ahead_ms", "l2_flush_bytes", "plan_runs", "spin_up",
+           "time_side_by_side_gpu"]
 
 GRAPH_BATCH = 20  # calls captured per graph replay
 _ESTIMATE_RUNS = 3
 _MAX_WARMUP_RUNS = 1000
+_FIRST_HOST_MS = 0.1  # assumed host time to queue one run, until measured
+_MAX_HOLD_MS = 100.0  # the GPU's launch queue holds about a thousand launches: more is never needed
+_CALIBRATION_CYCLES = 10_000_000  # ~5 ms at an H100's 1.98 GHz
+_cycles_per_ms: dict[int, float | None] = {}  # device index -> torch.cuda._sleep cycles per ms
 _ROUND_BATCH_MS = 2.0  # each run's batch in a side-by-side round lasts about this long
 _DEFAULT_L2_BYTES = 50 * 2**20  # an H100's L2, when the device does not say
 _flush_buffers: dict[int, Any] = {}  # device index -> int8 tensor
@@ -74,6 +80,44 @@ def _flush_buffer(torch: Any, device: Any) -> Any:
         l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", None)
         buffer = _flush_buffers[index] = torch.empty(l2_flush_bytes(l2), dtype=torch.int8, device=device)
     return buffer
+
+
+def host_ahead_ms(host_ms: float, runs: int) -> float:
+    """How long to hold the GPU before `runs` timed runs that take the host `host_ms` each to queue: long
+    enough for the host to queue them all (with a margin), at most `_MAX_HOLD_MS`."""
+    return min(_MAX_HOLD_MS, 1.5 * max(host_ms, 0.0) * runs)
+
+
+def _sleep_cycles_per_ms(torch: Any, device: Any) -> float | None:
+    """How many cycles of ``torch.cuda._sleep`` make a millisecond on `device`, measured once per process;
+    None where torch has no such kernel (then nothing is held)."""
+    index = _device_index(torch, device)
+    if index not in _cycles_per_ms:
+        rate = None
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            try:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                sleep(_CALIBRATION_CYCLES)
+                end.record()
+                end.synchronize()
+                rate = _CALIBRATION_CYCLES / max(float(start.elapsed_time(end)), 1e-3)
+            except Exception:  # a torch without a working _sleep: timed as before, at the host's pace
+                rate = None
+        _cycles_per_ms[index] = rate
+    return _cycles_per_ms[index]
+
+
+def hold(torch: Any, device: Any, ms: float) -> None:
+    """Queue a kernel that keeps the GPU busy for about `ms`, so that the host queues what follows before the
+    GPU gets to it. Without it, a run whose host side (a Python launch path: 40-60 us) outlasts the GPU's
+    work of one iteration (the L2 flush and a 20 us kernel) is timed at the host's pace: the start event
+    is reached, then the GPU waits for the launch. Seen on an H200: every Triton configuration of
+    3000x1000x700 fp16 timed 0.061-0.066 ms, the same tiles 0.020-0.031 ms in Inductor's timing."""
+    rate = _sleep_cycles_per_ms(torch, device) if ms > 0 else None
+    if rate is not None:
+        torch.cuda._sleep(int(ms * rate))
 
 
 def _device_index(torch: Any, device: Any) -> int:
@@ -119,8 +163,12 @@ def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
 
         event: Any = torch.cuda.Event  # untyped in torch's stubs
 
+        host_ms = [_FIRST_HOST_MS]  # the host's time to queue one timed run, as last measured
+
         def timed(runs: int) -> list[float]:
             events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(runs)]
+            hold(torch, device, host_ahead_ms(host_ms[0], runs))
+            queued = time.perf_counter()
             for start, end in events:
                 if before is not None:
                     before()
@@ -129,6 +177,7 @@ def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
                 start.record()
                 run()
                 end.record()
+            host_ms[0] = (time.perf_counter() - queued) * 1e3 / runs
             torch.cuda.synchronize()
             return [start.elapsed_time(end) / calls for start, end in events]
 
@@ -186,10 +235,13 @@ def time_side_by_side_gpu(runs: Sequence[Callable[[], object]], setup: Callable[
             run()
         started = time.perf_counter()
         rounds = 0
+        host_ms = _FIRST_HOST_MS
         while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - started < budget_s):
             order = list(range(len(runs)))
             if rounds % 2:
                 order.reverse()
+            hold(torch, device, host_ahead_ms(host_ms, batch * len(runs)))
+            queued = time.perf_counter()
             pending: list[tuple[int, list[tuple[Any, Any]]]] = []
             for i in order:
                 events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(batch)]
@@ -201,6 +253,7 @@ def time_side_by_side_gpu(runs: Sequence[Callable[[], object]], setup: Callable[
                     runs[i]()
                     end.record()
                 pending.append((i, events))
+            host_ms = (time.perf_counter() - queued) * 1e3 / (batch * len(runs))
             torch.cuda.synchronize()
             for i, events in pending:
                 times = [start.elapsed_time(end) for start, end in events]
