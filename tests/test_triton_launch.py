@@ -185,3 +185,51 @@ def test_the_driver_launch_computes_what_tritons_launch_does(cache_dir: Path) ->
     torch.cuda.synchronize()
     torch.testing.assert_close(ours, x * 2.5 + 7)
     assert torch.equal(ours, theirs)
+
+
+class FakeDriver:
+    """libcuda's two calls a launch makes, recorded: what cuLaunchKernel was given, its parameter buffer read
+    during the call (as the driver copies it) as the kernel's parameter types say."""
+
+    def __init__(self, reads: list[Any]) -> None:
+        self.reads = reads
+        self.launches: list[tuple[Any, ...]] = []
+
+    def cuLaunchKernel(self, *args: Any) -> int:  # noqa: N802 - the driver's name
+        params = args[9]
+        self.launches.append((*args[:9], [kind.from_address(params[i]).value for i, kind in enumerate(self.reads)],
+                              args[10]))
+        return 0
+
+    def cuFuncSetAttribute(self, *args: Any) -> int:  # noqa: N802
+        return 0
+
+
+def test_a_launch_passes_each_argument_as_the_kernel_reads_it(cache_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU: the driver is a recorder, and the parameter buffer it gets is decoded as the kernel would."""
+    import ctypes
+
+    from tuneforge.compile import cuda_driver, triton_launch
+
+    kernel = StoredTritonKernel(tb.build(BUILD).entry, SIGNATURE)
+    scratch = kernel.plan.scratch_pointers
+    # the arguments, then the null scratch pointers
+    fake = FakeDriver([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_int64,
+                       *[ctypes.c_void_p] * scratch])
+    module = cuda_driver.CudaModule(handle=1, context=7, key="test", arch="sm_90")
+    monkeypatch.setattr(cuda_driver, "driver", lambda: fake)
+    monkeypatch.setattr(cuda_driver, "current_context", lambda: 7)
+    monkeypatch.setattr(cuda_driver, "load_image", lambda image, key, arch: module)
+    monkeypatch.setattr(module, "function", lambda name: cuda_driver.CudaFunction(module, name, 42))
+    monkeypatch.setattr(triton_launch, "_stream_of", lambda: (lambda device: 1000 + device))
+    kernel((5,), [0x7000, 0x8000, 1234, 0.5, -(1 << 40)], 1)
+    (call,) = fake.launches
+    handle, gx, gy, gz, bx, by, bz, shared, stream, values, extra = call
+    assert (handle, (gx, gy, gz), (bx, by, bz), stream, extra) == (42, (5, 1, 1), (64, 1, 1), 1001, None)
+    assert shared == kernel.plan.shared and scratch >= 1
+    assert values == [0x7000, 0x8000, 1234, 0.5, -(1 << 40), *[None] * scratch]
+    kernel((0,), [0x7000, 0x8000, 0, 0.5, 0], 1)  # an empty grid launches nothing
+    assert len(fake.launches) == 1
+    with pytest.raises(ValueError, match="grid"):
+        kernel((1, 2, 3, 4), [0x7000, 0x8000, 1, 0.5, 0], 1)

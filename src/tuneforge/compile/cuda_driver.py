@@ -175,6 +175,21 @@ class CudaFunction:
                                                    _stream_handle(stream), params, None), lib,
               hint=f"kernel {self.name}, grid {(gx, gy, gz)}, block {(bx, by, bz)}")
 
+    def launch(self, grid: tuple[int, int, int], threads: int, values: Sequence[Any], shared_mem: int,
+               stream: int) -> None:
+        """`__call__` for callers that did its work already (a tuned op's every call): `values` are ctypes
+        objects, `stream` a raw CUstream, the grid three positive ints, and the caller made sure the
+        current context is the module's (see triton_launch.StoredTritonKernel)."""
+        lib = driver()
+        params = (_HANDLE * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        if shared_mem > self._shared_limit:
+            check("cuFuncSetAttribute", lib.cuFuncSetAttribute(self.handle, _FUNC_MAX_DYNAMIC_SHARED, shared_mem), lib)
+            self._shared_limit = shared_mem
+        result = lib.cuLaunchKernel(self.handle, grid[0], grid[1], grid[2], threads, 1, 1, shared_mem, stream, params,
+                                    None)
+        if result != 0:
+            check("cuLaunchKernel", result, lib, hint=f"kernel {self.name}, grid {grid}, block {(threads, 1, 1)}")
+
     def __repr__(self) -> str:
         return f"CudaFunction({self.name!r}, module={self.module.key})"
 

@@ -157,8 +157,12 @@ class StoredTritonKernel:
         if not all(grid):
             return  # an empty grid: nothing to do (the driver would refuse it)
         values = [convert(value) for convert, value in zip(self._converters, args, strict=True)]
-        self._loaded()(tuple(grid), self.plan.threads, [*values, *self._tail], shared_mem=self.plan.shared,
-                       stream=_stream_of()(device))
+        dims = (*grid, 1, 1)[:3]
+        if len(grid) > 3 or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise ValueError(f"kernel {self.plan.name}: the grid must be 1 to 3 positive ints, not {grid!r}")
+        # _loaded() made the module's context the current one (or loaded it into the current one)
+        self._loaded().launch(dims, self.plan.threads, [*values, *self._tail], self.plan.shared,  # type: ignore[arg-type]
+                              _stream_of()(device))
 
     def __repr__(self) -> str:
         return f"StoredTritonKernel({self.plan.name!r}, {self.key})"

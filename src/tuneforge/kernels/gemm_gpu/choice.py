@@ -40,6 +40,7 @@ __all__ = ["FAMILY", "GemmLayout", "GemmTritonChoice", "torch_gemm"]
 
 FAMILY = "triton:gemm_gpu"
 ALIGN = 16  # bytes: what tt.divisibility promises for a pointer
+_MAX_PLANS = 64  # launch plans kept per choice (one per layout and alignment it was called with)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class GemmTritonChoice(ConfiguredChoice):
         self.artifact_keys: dict[str, str] = {}  # kernel kind -> its artifact, once built for `layout`
         self.key_hints: dict[str, str] = {}  # kernel kind -> the artifact its record names
         self._kernels: dict[tuple[Any, ...], Any] = {}
+        self._plans: dict[tuple[Any, ...], list[tuple[Any, Any, list[str]]]] = {}  # see run()
         self._workspaces: dict[tuple[Any, ...], Any] = {}
 
     @property
@@ -120,7 +122,7 @@ class GemmTritonChoice(ConfiguredChoice):
         return FAMILY
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_kernels": {}, "_workspaces": {}}  # loaded kernels and buffers stay here
+        return {**self.__dict__, "_kernels": {}, "_plans": {}, "_workspaces": {}}  # loaded kernels stay here
 
     # ---------------------------------------------------------------------------------------------- build
 
@@ -204,19 +206,50 @@ class GemmTritonChoice(ConfiguredChoice):
 
     def run(self, args: Sequence[Any]) -> Any:
         a, b, alpha, beta, bias, out = args
+        if interpreting():
+            return self._run_interpreted(a, b, alpha, beta, bias, out)
+        # Everything a launch needs but the pointers and alpha/beta follows from sizes, strides and the
+        # pointers' alignment (they decide the kernel's specialization): planned once per such key, a call
+        # then costs a dict lookup and the launches (arguments() and specialization() took ~30 us a call).
+        key = (a.shape, b.shape, a.stride(), b.stride(), out.stride(), a.device.index, a.data_ptr() % ALIGN == 0,
+               b.data_ptr() % ALIGN == 0, out.data_ptr() % ALIGN == 0,
+               None if bias is None else (bias.stride(0), bias.data_ptr() % ALIGN == 0))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(a, b, alpha, beta, bias, out)
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        values = {"a_ptr": a, "b_ptr": b, "c_ptr": out, "bias_ptr": bias, "alpha": alpha, "beta": beta}
+        if self.gemm_config.split_k > 1:
+            values["ws_ptr"] = self._workspace(int(a.shape[0]), int(b.shape[1]), a.device)
+        device = a.device.index
+        for kernel, grid, names in plan:
+            kernel(grid, [values[name] for name in names], device)
+        return out
+
+    def _plan(self, a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> list[tuple[Any, Any, list[str]]]:
+        """(launcher, grid, the names of its run-time arguments) per kernel, for tensors like these."""
+        (m, k), n = a.shape, b.shape[1]
+        config = self.gemm_config
+        workspace = self._workspace(m, n, a.device) if config.split_k > 1 else None
+        plan = []
+        for kind in config.kernels:
+            r = render(kind, self.dtype, self.epilogue)
+            values = arguments(r, a, b, out, bias=bias, alpha=alpha, beta=beta, workspace=workspace)
+            kernel, picks = self._kernel(r, values, m, n, k, a.device.index)
+            plan.append((kernel, GRIDS[kind](config, m, n, k), [r.runtime_params[i] for i in picks]))
+        return plan
+
+    def _run_interpreted(self, a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> Any:
         (m, k), n = a.shape, b.shape[1]
         config = self.gemm_config
         workspace = self._workspace(m, n, a.device) if config.split_k > 1 else None
         for kind in config.kernels:
             r = render(kind, self.dtype, self.epilogue)
             values = arguments(r, a, b, out, bias=bias, alpha=alpha, beta=beta, workspace=workspace)
-            grid = GRIDS[kind](config, m, n, k)
-            if interpreting():
-                fn = self._interpreted(r, m, n, k)
-                fn[grid](*values, **constexprs(kind, config, m, n, k), num_warps=config.num_warps,
-                         num_stages=config.num_stages)
-            else:
-                self._launch(r, values, grid, m, n, k, a.device.index)
+            self._interpreted(r, m, n, k)[GRIDS[kind](config, m, n, k)](
+                *values, **constexprs(kind, config, m, n, k), num_warps=config.num_warps, num_stages=config.num_stages)
         return out
 
     def _workspace(self, m: int, n: int, device: Any) -> Any:
@@ -240,12 +273,14 @@ class GemmTritonChoice(ConfiguredChoice):
             self._kernels[(r.kind, "interpreted")] = found
         return found
 
-    def _launch(self, r: Rendered, values: tuple[Any, ...], grid: tuple[int, int, int], m: int, n: int,
-                k: int, device: int) -> None:
+    def _kernel(self, r: Rendered, values: tuple[Any, ...], m: int, n: int, k: int,
+                device: int) -> tuple[Any, list[int]]:
+        """The launcher of `r` specialized for `values` on `device`, and the places of its run-time arguments
+        among `values` (loaded once per specialization)."""
         specialized = specialization(r, values)
         signature, fixed, attrs = specialized
-        memo = (r.kind, m, n, k, tuple(fixed), tuple(attrs), device)
-        found = self._kernels.get(memo)
+        memo = (r.kind, m, n, k, tuple(sorted(fixed.items())), tuple(attrs), device)
+        found: tuple[Any, list[int]] | None = self._kernels.get(memo)
         if found is None:
             from tuneforge.compile import triton as triton_builder
             from tuneforge.compile.triton_env import device_target
@@ -255,8 +290,7 @@ class GemmTritonChoice(ConfiguredChoice):
             picks = [i for i, name in enumerate(r.runtime_params) if signature[name] != "constexpr"]
             found = (triton_builder.launcher(request, key=self.key_hints.get(r.kind)), picks)
             self._kernels[memo] = found
-        kernel, picks = found
-        kernel(grid, [values[i] for i in picks], device)
+        return found
 
 
 def _attrs(attrs: Mapping[tuple[int], Any]) -> dict[tuple[int, ...], Any]:
