@@ -94,3 +94,29 @@ def test_another_layout_or_alignment_gets_its_own_specialization(recorder: Recor
     assert len(recorder.built) == 3  # one kernel per stride and alignment: none reused for another
     assert [r.constexprs["stride_am"] for r in recorder.built] == [2 * k, k, 2 * k]
     assert recorder.built[0].attrs != recorder.built[2].attrs  # the misaligned A loses its divisibility
+
+
+def test_the_byte_extent_of_a_tensor_covers_its_first_to_past_its_last_element() -> None:
+    from tuneforge.kernels.gemm_gpu import op
+
+    x = torch.empty(6, 8, dtype=torch.float16)
+    assert op._extent(x) == 6 * 8 * 2
+    assert op._extent(x.t()) == 6 * 8 * 2
+    assert op._extent(x[:, 2:5]) == (5 * 8 + 4 + 1 - 2) * 2  # from x[0, 2] to past x[5, 4]
+    assert op._extent(x[::2]) == (4 * 8 + 8) * 2
+    assert op._extent(x[:0]) == op._extent(None) == 0
+
+
+@pytest.mark.gpu
+def test_an_output_that_is_an_input_gets_the_product_of_the_inputs_as_they_were() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import tuneforge
+
+    a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    want = (a.float() @ b.float()).half()
+    for _ in range(2):  # the tuning call, then the dispatched one
+        x = a.clone()
+        tuneforge.gemm(x, b, out=x)
+        assert torch.allclose(x.float(), want.float(), rtol=2e-2, atol=2e-1)

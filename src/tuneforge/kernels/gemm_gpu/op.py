@@ -116,7 +116,8 @@ def _check(a: Any, b: Any, out: Any, bias: Any, activation: str) -> None:
 
 
 _lock = threading.Lock()
-_dispatch: dict[tuple[Any, ...], Run] = {}  # layout -> the winner's run
+# layout -> (the winner's run, the byte extents of a, b and bias, and of out: what the overlap check needs)
+_dispatch: dict[tuple[Any, ...], tuple[Run, tuple[int, int, int], int]] = {}
 
 
 def gemm_cuda(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
@@ -146,11 +147,20 @@ def gemm_cuda(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
     except (AttributeError, TypeError):  # not tensors: let the checks name the problem
         _check(a, b, out, bias, activation)
         raise
-    run = _dispatch.get(key)
-    if run is None:
+    found = _dispatch.get(key)
+    if found is None:
         _check(a, b, out, bias, activation)
-        run = _tune(key, a, b, out, beta, bias, activation, space, precision)
-    a, b, bias = (_separate(out, x) for x in (a, b, bias))
+        found = _tune(key, a, b, out, beta, bias, activation, space, precision)
+    run, extents, out_extent = found
+    # An input sharing memory with out (which the kernels write while reading it) is copied first.
+    lo = out.data_ptr()
+    hi = lo + out_extent
+    if (extents[0] and (x := a.data_ptr()) < hi and lo < x + extents[0]):
+        a = a.clone()
+    if (extents[1] and (x := b.data_ptr()) < hi and lo < x + extents[1]):
+        b = b.clone()
+    if (extents[2] and (x := bias.data_ptr()) < hi and lo < x + extents[2]):
+        bias = bias.clone()
     if a.device.index != _current_device():
         import torch
 
@@ -173,22 +183,16 @@ def _current_device() -> int:
     return int(torch.cuda.current_device())
 
 
-def _span(t: Any) -> tuple[int, int]:
-    start = t.data_ptr()
-    return start, start + t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(),
-                                                                                      strict=True)))
-
-
-def _separate(out: Any, x: Any) -> Any:
-    """`x`, or a copy of it when it shares memory with `out` (which the kernels write while reading x)."""
-    if x is None or x.numel() == 0:
-        return x
-    (lo, hi), (x_lo, x_hi) = _span(out), _span(x)
-    return x.clone() if x_lo < hi and lo < x_hi else x
+def _extent(t: Any) -> int:
+    """The bytes from `t`'s first element to past its last (0: no tensor, or no elements): what its sizes,
+    strides and dtype (a dispatch key's) say, so a call only adds its address."""
+    if t is None or t.numel() == 0:
+        return 0
+    return int(t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))))
 
 
 def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any, activation: str,
-          space: str, precision: str) -> Run:
+          space: str, precision: str) -> tuple[Run, tuple[int, int, int], int]:
     from tuneforge.tune.select import select
 
     with _lock:
@@ -203,8 +207,8 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
         rtol, atol = TF32_TOLERANCE if precision == "tf32" else (None, None)
         winner = select(op_name(beta, bias, activation, precision), candidates, [a, b, 1.0, beta, bias], out=out,
                         reference=candidates[0], accumulate=beta != 0, rtol=rtol, atol=atol)
-        _dispatch[key] = winner.run
-        return winner.run
+        entry = _dispatch[key] = (winner.run, (_extent(a), _extent(b), _extent(bias)), _extent(out))
+        return entry
 
 
 def clear_dispatch() -> None:
