@@ -210,3 +210,14 @@ def test_a_template_space_is_searched_beside_library_calls_only(quick: Path) -> 
                         strategy="default")
     with pytest.raises(TypeError, match="takes a tuneforge.Space"):
         spin_template().space({"BM": [8]})  # type: ignore[arg-type]
+
+
+def test_selecting_without_a_search_loads_no_strategy() -> None:
+    """A warm start searches nothing: select() and the search package's names load no strategy until asked."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tuneforge.tune.select, tuneforge.search as s; before = 'tuneforge.search.registry' in "
+            "sys.modules; s.make; print(before, 'tuneforge.search.registry' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]

@@ -37,7 +37,6 @@ from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
 from tuneforge.tune.sample import SAMPLED, RowSample
-from tuneforge.tune.searched import SearchPlan, finished, search_candidates
 from tuneforge.tune.specs import TensorSpec, key_of
 from tuneforge.tune.template_space import TemplateSpace, split_choices
 
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     from tuneforge.search import Budget
     from tuneforge.tune.measure import Outcome
     from tuneforge.tune.report import Row, SelectionReport
+    from tuneforge.tune.searched import SearchPlan  # loaded when a search is asked for: a warm start needs none
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -156,7 +156,11 @@ def select_detailed(name: str, choices: Sequence[Choice | TemplateSpace], inputs
                     atol: float | None = None, accumulate: bool = False, sample: RowSample | None = None,
                     strategy: str | SearchPlan | None = None, budget: Budget | str | None = None) -> Selection:
     """select(), returning the whole decision (key, source, records, what was benchmarked)."""
-    plan = None if strategy is None and budget is None else SearchPlan.of(strategy or "default", budget)
+    plan = None
+    if strategy is not None or budget is not None:
+        from tuneforge.tune.searched import SearchPlan
+
+        plan = SearchPlan.of(strategy or "default", budget)
     candidates, space = split_choices(name, choices, searching=plan is not None)
     if not candidates and space is None:
         raise NoValidChoicesError(f"select({name!r}) got no choices: pass at least one (an ExternChoice "
@@ -305,6 +309,8 @@ def _measure_missing(name: str, key: str, candidates: list[Choice], reference: C
                 found.records.update(again)
                 found.source = "records"
         if search is not None:
+            from tuneforge.tune.searched import search_candidates
+
             def measure_some(choices: Sequence[Choice], keep_inputs: bool) -> None:
                 _measure_batch(key, choices, reference, job, found, keep_inputs)
 
@@ -354,7 +360,11 @@ def _incomplete(found: _Found, candidates: Sequence[Choice], search: SearchPlan 
     search of it finished), and no finished `search` covers them."""
     if not found.missing(candidates) and space is None:
         return False
-    return search is None or not finished(search, candidates, found.records, space)
+    if search is None:
+        return True
+    from tuneforge.tune.searched import finished
+
+    return not finished(search, candidates, found.records, space)
 
 
 def _key_records(key: str) -> list[Record]:
