@@ -75,6 +75,7 @@ inline void wake_all(std::atomic<uint32_t>* word) {
 }
 
 enum { MAX_WORKERS = 255 };
+const uint32_t ALL_CLAIMED = 0xffffffffu;  // a finished job's chunk count in `state`: above any job's chunks
 
 struct Pool {
     // The job: `state` packs its generation (high 32 bits) and its next unclaimed chunk (low 32), so a worker
@@ -244,7 +245,7 @@ inline void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
     }
     Pool& p = pool();
     bool expected = false;
-    if (threads <= 1 || chunks <= 1 || chunks > 0xffffffffLL ||
+    if (threads <= 1 || chunks <= 1 || chunks >= (int64_t)ALL_CLAIMED ||
         !p.busy.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
         for (int64_t c = 0; c < chunks; ++c) body(ctx, c);
         return;
@@ -270,6 +271,12 @@ inline void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
     while (p.done.load(std::memory_order_acquire) < chunks) {
         if (++spins > 200) sched_yield(); else relax();
     }
+    // Every chunk is claimed (the state's count is `chunks`): mark the job so before the next caller writes its
+    // own chunk count. A worker still holding this generation's state would otherwise compare `chunks` with the
+    // next job's larger count, claim a chunk "of this job", and run the next job's body on it, counted in the next
+    // job's `done`: a chunk run twice and a call returning before its last chunk ended (wrong GEMM results seen
+    // with six Python threads calling kernels at once).
+    p.state.store(((uint64_t)gen << 32) | ALL_CLAIMED, std::memory_order_release);
     p.busy.store(false, std::memory_order_release);
 }
 
