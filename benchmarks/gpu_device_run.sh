@@ -5,7 +5,8 @@
 #     bash benchmarks/gpu_device_run.sh [TESTS_S [BENCH_S [gpu_gemm.py arguments...]]]
 #
 # TESTS_S (default 150) and BENCH_S (default 300) bound the two parts; 0 skips a part; GPU_TESTS (space
-# separated) runs those test files' gpu tests instead of every file's. Logs and the
+# separated) runs those test files' gpu tests instead of every file's; RECORD_GPU_SPACE=MxNxK first records
+# that shape's GEMM space for the search replays (benchmarks/record_spaces.py --device cuda, into $OUT). Logs and the
 # benchmark's JSON go to $OUT (the device tool's output folder) or benchmarks/results.
 # Optional, not tracked (.git/info/exclude): .gpucarry/whl/*.whl (tuneforge's pure dependencies the machine
 # lacks, e.g. platformdirs, redis, zstandard) and .gpucarry/redis/redis-server (a redis-server that runs
@@ -49,6 +50,10 @@ if [ "$tests_s" -gt 0 ]; then
     grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
     grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -40
     echo "tests: exit $status"
+fi
+if [ -n "${RECORD_GPU_SPACE:-}" ]; then  # a GPU recording for the search replays (issue 14), into $OUT
+    timeout -k 5 "${RECORD_GPU_SPACE_S:-300}" "$py" benchmarks/record_spaces.py --device cuda \
+        --shapes "$RECORD_GPU_SPACE" --output "$OUT" 2>&1 | tail -5
 fi
 if [ "$bench_s" -gt 0 ]; then
     timeout -k 10 "$bench_s" "$py" benchmarks/gpu_gemm.py --budget-s $((bench_s - 40)) "$@" 2>&1 \

@@ -2,6 +2,11 @@
 
     python benchmarks/record_spaces.py [--isa avx512 avx2] [--shapes 128x128x128 ...] [--dtype float32]
                                        [--output tests/data/spaces]
+    python benchmarks/record_spaces.py --device cuda [--shapes 1024x1024x1024] [--dtype float16]
+
+With ``--device cuda`` (a GPU machine) the Triton GEMM configurations of the `exhaustive` space with
+split_k 1 and group_m 8 (about a thousand: the whole space's 9,000 would take the better part of an
+hour to compile) are timed against cuBLAS: gemm-cuda-sm<XY>-<dtype>-<M>x<N>x<K>.json.gz.
 
 Each (ISA, shape) is tuned over the `exhaustive` space in a fresh cache directory by a child process (the
 kernels' ISA capped with TUNEFORGE_KERNEL_ISA, OpenBLAS's steering variables unset; every configuration timed
@@ -51,19 +56,61 @@ def record(isa: str, shape: str, dtype: str, output: Path) -> Path:
         subprocess.run([sys.executable, "-m", "tuneforge", "tune", "gemm", "--shape", shape, "--dtype", dtype,
                         "--space", "exhaustive"], env=env, check=True, capture_output=True, text=True)
         elapsed = time.perf_counter() - started
-        exported = subprocess.run([sys.executable, "-m", "tuneforge", "records", "export", "--op", "gemm"], env=env,
-                                  check=True, capture_output=True, text=True)
-        bundle = json.loads(exported.stdout)
-        bundle["records"] = [trimmed(r) for r in bundle["records"]]
-        bundle["note"] = f"exhaustive gemm {shape} {dtype}, kernels capped at {isa}, tuned in {elapsed:.0f} s"
-        path = output / f"gemm-{isa}-{dtype}-{shape}.json.gz"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(gzip.compress(json.dumps(bundle, sort_keys=True, separators=(",", ":")).encode(), 9,
-                                       mtime=0))
-        ok = sum(r["status"] == "ok" for r in bundle["records"])
-        print(f"{isa} {shape} {dtype}: {len(bundle['records'])} records ({ok} ok) in {elapsed:.0f} s -> {path} "
-              f"({path.stat().st_size // 1024} KiB)", flush=True)
-        return path
+        return _write_bundle(env, output / f"gemm-{isa}-{dtype}-{shape}.json.gz",
+                             f"exhaustive gemm {shape} {dtype}, kernels capped at {isa}, tuned in {elapsed:.0f} s",
+                             elapsed)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _write_bundle(env: dict[str, str], path: Path, note: str, elapsed: float) -> Path:
+    """The gemm records of the cache `env` names, trimmed, as a gzip-compressed bundle at `path`."""
+    exported = subprocess.run([sys.executable, "-m", "tuneforge", "records", "export", "--op", "gemm"], env=env,
+                              check=True, capture_output=True, text=True)
+    bundle = json.loads(exported.stdout)
+    bundle["records"] = [trimmed(r) for r in bundle["records"]]
+    bundle["note"] = note
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps(bundle, sort_keys=True, separators=(",", ":")).encode(), 9, mtime=0))
+    ok = sum(r["status"] == "ok" for r in bundle["records"])
+    print(f"{path.name}: {len(bundle['records'])} records ({ok} ok) in {elapsed:.0f} s ({path.stat().st_size // 1024} "
+          "KiB)", flush=True)
+    return path
+
+
+_GPU_CHILD = """
+import sys, torch
+from tuneforge.kernels.gemm_gpu.op import device_limits, gpu_choices
+from tuneforge.kernels.gemm_gpu.render import Epilogue
+from tuneforge.tune.select import select
+
+m, n, k = (int(x) for x in sys.argv[1].split("x"))
+dtype = sys.argv[2]
+cublas, *configs = gpu_choices(m, n, k, dtype, Epilogue(), device_limits(0), "exhaustive")
+configs = [c for c in configs if c.gemm_config.split_k == 1 and c.gemm_config.group_m == 8]
+a = torch.randn(m, k, device="cuda", dtype=getattr(torch, dtype))
+b = torch.randn(k, n, device="cuda", dtype=getattr(torch, dtype))
+out = torch.empty(m, n, device="cuda", dtype=getattr(torch, dtype))
+select("gemm", [cublas, *configs], [a, b, 1.0, 0.0, None], out=out, reference=cublas)
+print(len(configs), torch.cuda.get_device_capability(0))
+"""
+
+
+def record_gpu(shape: str, dtype: str, output: Path) -> Path:
+    """`record`'s counterpart on a CUDA GPU (see the module)."""
+    cache = tempfile.mkdtemp(prefix="tuneforge-record-spaces-")
+    try:
+        env = child_env(None, "auto", {"TUNEFORGE_CACHE_DIR": cache, "TUNEFORGE_AUTOTUNE_CONFIRM_MARGIN": "0",
+                                       "TUNEFORGE_AUTOTUNE_CONFIRM_REFERENCE_RATIO": "0"})
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", _GPU_CHILD, shape, dtype], env=env, check=True,
+                              capture_output=True, text=True)
+        elapsed = time.perf_counter() - started
+        count, capability = done.stdout.split(maxsplit=1)
+        major, minor = (int(x) for x in capability.strip("() \n").split(","))
+        return _write_bundle(env, output / f"gemm-cuda-sm{major}{minor}-{dtype}-{shape}.json.gz",
+                             f"exhaustive gemm {shape} {dtype} on sm_{major}{minor} ({count} Triton configurations "
+                             f"with split_k 1 and group_m 8, and cuBLAS), tuned in {elapsed:.0f} s", elapsed)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -71,10 +118,16 @@ def record(isa: str, shape: str, dtype: str, output: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--isa", nargs="+", default=["avx512", "avx2"])
-    parser.add_argument("--shapes", nargs="+", default=SHAPES)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--shapes", nargs="+", help=f"default: {' '.join(SHAPES)}; with --device cuda 1024x1024x1024")
+    parser.add_argument("--dtype", help="default: float32; with --device cuda float16")
     parser.add_argument("--output", type=Path, default=ROOT / "tests" / "data" / "spaces")
     args = parser.parse_args()
+    if args.device == "cuda":
+        for shape in args.shapes or ["1024x1024x1024"]:
+            record_gpu(shape, args.dtype or "float16", args.output)
+        return
+    args.shapes, args.dtype = args.shapes or SHAPES, args.dtype or "float32"
     for isa in args.isa:
         for shape in args.shapes:
             record(isa, shape, args.dtype, args.output)
