@@ -261,3 +261,24 @@ def test_a_fresh_process_reuses_the_records(cache_dir: Path, tmp_path: Path) -> 
 def test_importing_tuneforge_does_not_import_torch() -> None:
     out = run_python("import sys, tuneforge; tuneforge.config; print('torch' in sys.modules)").stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.gpu
+def test_the_tuned_ops_run_on_cuda_tensors_eager_and_compiled() -> None:
+    """CUDA fp16 tensors: tft.mm and tft.linear tune the GPU family (cuBLAS against Triton), match aten, and a
+    fullgraph compile of a model calling them has no graph break."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    a = torch.randn(96, 160, device="cuda", dtype=torch.float16)
+    b = torch.randn(160, 48, device="cuda", dtype=torch.float16)
+    torch.testing.assert_close(tft.mm(a, b), a @ b, rtol=2e-2, atol=2e-2)
+    model = torch.nn.Sequential(torch.nn.Linear(160, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda().half()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        first, _, last = model
+        return tft.linear(torch.relu(tft.linear(x, first.weight, first.bias)), last.weight, last.bias)
+
+    compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(a), model(a), rtol=2e-2, atol=2e-2)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert any("gemm" in r.op for r in default_records().records())  # the GPU family was tuned, not aten's run

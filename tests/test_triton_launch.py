@@ -195,13 +195,13 @@ class FakeDriver:
         self.reads = reads
         self.launches: list[tuple[Any, ...]] = []
 
-    def cuLaunchKernel(self, *args: Any) -> int:  # noqa: N802 - the driver's name
+    def cuLaunchKernel(self, *args: Any) -> int:  # the driver's name
         params = args[9]
         self.launches.append((*args[:9], [kind.from_address(params[i]).value for i, kind in enumerate(self.reads)],
                               args[10]))
         return 0
 
-    def cuFuncSetAttribute(self, *args: Any) -> int:  # noqa: N802
+    def cuFuncSetAttribute(self, *args: Any) -> int:
         return 0
 
 
