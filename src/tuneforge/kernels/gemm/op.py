@@ -147,6 +147,8 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     """gemm's Python path: the first call of each layout, calls the C path does not take, and every call
     where the C path could not be built. `library`: the library candidates' family ("torch" adds
     torch.matmul, for torch tensors; such layouts stay off the C path, which keys numpy arrays)."""
+    if not isinstance(a, np.ndarray) and _on_cuda(a):  # straight to the GPU op: no numpy attempt, no exception
+        return _gemm_cuda(a, b, out, alpha, beta, bias, space)
     if not isinstance(a, np.ndarray) and torch_cpu.is_torch_cpu(a):
         fresh = None if out is not None or beta != 0 else torch_cpu.fresh_output(a, b, bias)
         if fresh is not None:  # nothing can overlap a new output: the per-layout call on the tensors
@@ -286,9 +288,15 @@ def _on_cuda(a: Any) -> bool:
 
 def _gemm_cuda(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, space: str) -> Any:
     """Torch tensors on a CUDA device: the GPU family's op (reached off the numpy path, which cannot key them)."""
-    from tuneforge.kernels.gemm_gpu.op import gemm_cuda
+    global _cuda_op
+    if _cuda_op is None:  # imported on the first CUDA call: a numpy caller never loads the GPU family
+        from tuneforge.kernels.gemm_gpu.op import gemm_cuda
 
-    return gemm_cuda(a, b, out, alpha=alpha, beta=beta, bias=bias, space=space)
+        _cuda_op = gemm_cuda
+    return _cuda_op(a, b, out, alpha=alpha, beta=beta, bias=bias, space=space)
+
+
+_cuda_op: Callable[..., Any] | None = None
 
 
 def _gemm_separated(prepared: Prepared, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
