@@ -151,3 +151,50 @@ def test_a_slow_host_side_is_not_timed_as_the_kernels_time() -> None:
 
     timing = benchmark_gpu(slow_host, budget_s=0.02, warmup_s=0.0, min_repeats=10, max_repeats=20)
     assert timing.median_ms < 0.3, timing  # not the 1 ms the host took per run
+
+
+class _Log:
+    """A stand-in for torch's CUDA calls that queue_held makes: each call noted in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        log = self.calls
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.name = "event"
+
+            def record(self) -> None:
+                log.append(self.name)
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, other: object) -> float:
+                return 5.0  # the calibration's 10M cycles: 2M cycles a millisecond
+
+        def sleep(cycles: int) -> None:
+            log.append(f"hold {cycles}")
+
+        self.cuda = type("cuda", (), {"Event": Event, "_sleep": staticmethod(sleep)})
+
+
+def test_timed_runs_are_queued_in_parts_each_behind_a_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuneforge.tune import bench_gpu
+
+    monkeypatch.setattr(bench_gpu, "_cycles_per_ms", {})
+    fake = _Log()
+    device = type("device", (), {"index": 0})()
+    pairs = [(fake.cuda.Event(), fake.cuda.Event()) for _ in range(120)]
+    for start, end in pairs:
+        start.name, end.name = "start", "end"
+    host_ms = bench_gpu.queue_held(fake, device, pairs, lambda: fake.calls.append("run"),
+                                   lambda: fake.calls.append("setup"), None, 0.1)
+    holds = [call for call in fake.calls if call.startswith("hold")]
+    assert holds[0] == "hold 10000000"  # the calibration, once
+    assert len(holds) == 1 + 3  # parts of 50, 50 and 20 runs
+    assert holds[1] == f"hold {int(bench_gpu.host_ahead_ms(0.1, 50) * 2_000_000)}"
+    runs = [call for call in fake.calls if not call.startswith("hold") and call != "event"]
+    assert runs == ["setup", "start", "run", "end"] * 120  # each run's setup before its start event
+    first_part = fake.calls.index(holds[2])
+    assert fake.calls[:first_part].count("run") == 50 and host_ms >= 0

@@ -10,10 +10,11 @@ How many runs: a first measurement of a few runs estimates one run's time, then 
 ``max_repeats``, shared with the CPU benchmark's ``autotune.*``).
 
 The L2 flush (``cuda.flush_l2``, on by default) makes each run read its operands from memory, as in a
-program where other kernels ran in between. Before a batch of timed runs the GPU is held (`hold`) until
-the host has queued them all, so the runs are timed back to back and a choice with a slower host-side
-launch (a Python launch path: 40-60 us) is not timed at the host's pace: its kernel is what is compared
-(seen on an H200: without both, every Triton kernel of a 20 us product lost to cuBLAS by its launch).
+program where other kernels ran in between. Before each part of a batch of timed runs (50 runs at most,
+`queue_held`) the GPU is held (`hold`) until the host has queued them, so the runs are timed back to back
+and a choice with a slower host-side launch (a Python launch path: 40-60 us) is not timed at the host's
+pace: its kernel is what is compared (seen on an H200: without both, every Triton kernel of a 20 us
+product lost to cuBLAS by its launch).
 An idle GPU runs at its lowest clock (345 MHz on an H200); the first timing of a process is preceded by
 ``cuda.spin_up_s`` of matrix products, so the choice timed first is not timed while the clock ramps up.
 
@@ -39,14 +40,15 @@ from typing import Any
 from tuneforge import config
 from tuneforge.tune.bench import Timing
 
-__all__ = ["GRAPH_BATCH", "benchmark_gpu", "hold", "host_ahead_ms", "l2_flush_bytes", "plan_runs", "spin_up",
-           "time_side_by_side_gpu"]
+__all__ = ["GRAPH_BATCH", "benchmark_gpu", "hold", "host_ahead_ms", "l2_flush_bytes", "plan_runs", "queue_held",
+           "spin_up", "time_side_by_side_gpu"]
 
 GRAPH_BATCH = 20  # calls captured per graph replay
 _ESTIMATE_RUNS = 3
 _MAX_WARMUP_RUNS = 1000
 _FIRST_HOST_MS = 0.1  # assumed host time to queue one run, until measured
-_MAX_HOLD_MS = 100.0  # the GPU's launch queue holds about a thousand launches: more is never needed
+_MAX_HOLD_MS = 100.0  # at most this long: `_HOLD_RUNS` runs of a slow host side fit in it
+_HOLD_RUNS = 50  # runs queued behind one hold: 50 runs of setup, flush, events and kernels fit the launch queue
 _CALIBRATION_CYCLES = 10_000_000  # ~5 ms at an H100's 1.98 GHz
 _cycles_per_ms: dict[int, float | None] = {}  # device index -> torch.cuda._sleep cycles per ms
 _ROUND_BATCH_MS = 2.0  # each run's batch in a side-by-side round lasts about this long
@@ -120,6 +122,28 @@ def hold(torch: Any, device: Any, ms: float) -> None:
         torch.cuda._sleep(int(ms * rate))
 
 
+def queue_held(torch: Any, device: Any, events: Sequence[tuple[Any, Any]], run: Callable[[], object],
+               setup: Callable[[], object] | None, flush: Any, host_ms: float) -> float:
+    """Queue one event-timed run of `run` per (start, end) pair, `setup` and the L2 flush before each start, in
+    parts of at most `_HOLD_RUNS` runs, each behind a `hold` long enough for the host to queue it: the GPU's
+    launch queue holds about a thousand operations, and a batch that overflowed it would drain faster than the
+    host refills it, and be timed at the host's pace again. Returns the host's time per run, as measured."""
+    for first in range(0, len(events), _HOLD_RUNS):
+        part = events[first:first + _HOLD_RUNS]
+        hold(torch, device, host_ahead_ms(host_ms, len(part)))
+        queued = time.perf_counter()
+        for start, end in part:
+            if setup is not None:
+                setup()
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            run()
+            end.record()
+        host_ms = (time.perf_counter() - queued) * 1e3 / len(part)
+    return host_ms
+
+
 def _device_index(torch: Any, device: Any) -> int:
     return int(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -167,17 +191,7 @@ def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
 
         def timed(runs: int) -> list[float]:
             events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(runs)]
-            hold(torch, device, host_ahead_ms(host_ms[0], runs))
-            queued = time.perf_counter()
-            for start, end in events:
-                if before is not None:
-                    before()
-                if flush is not None:
-                    flush.zero_()
-                start.record()
-                run()
-                end.record()
-            host_ms[0] = (time.perf_counter() - queued) * 1e3 / runs
+            host_ms[0] = queue_held(torch, device, events, run, before, flush, host_ms[0])
             torch.cuda.synchronize()
             return [start.elapsed_time(end) / calls for start, end in events]
 
@@ -240,20 +254,11 @@ def time_side_by_side_gpu(runs: Sequence[Callable[[], object]], setup: Callable[
             order = list(range(len(runs)))
             if rounds % 2:
                 order.reverse()
-            hold(torch, device, host_ahead_ms(host_ms, batch * len(runs)))
-            queued = time.perf_counter()
             pending: list[tuple[int, list[tuple[Any, Any]]]] = []
             for i in order:
                 events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(batch)]
-                for start, end in events:
-                    setup()
-                    if flush is not None:
-                        flush.zero_()
-                    start.record()
-                    runs[i]()
-                    end.record()
+                host_ms = queue_held(torch, device, events, runs[i], setup, flush, host_ms)
                 pending.append((i, events))
-            host_ms = (time.perf_counter() - queued) * 1e3 / (batch * len(runs))
             torch.cuda.synchronize()
             for i, events in pending:
                 times = [start.elapsed_time(end) for start, end in events]
