@@ -130,7 +130,9 @@ def test_side_by_side_rounds_order_two_products_by_their_work() -> None:
 
 def test_the_gpu_is_held_long_enough_for_the_host_to_queue_a_batch_and_no_longer() -> None:
     assert host_ahead_ms(0.05, 100) == pytest.approx(7.5)  # 100 runs of 50 us each, with half again as margin
-    assert host_ahead_ms(0.05, 100_000) == 100.0  # capped: the launch queue would be full long before
+    assert host_ahead_ms(0.05, 100, gpu_ms=0.03) == pytest.approx(4.5)  # the GPU's own work gives the host time
+    assert host_ahead_ms(0.05, 100, gpu_ms=0.2) == 0.0  # the GPU is the slower side: the queue never drains
+    assert host_ahead_ms(0.05, 100_000) == 100.0  # capped
     assert host_ahead_ms(-1.0, 10) == 0.0
 
 

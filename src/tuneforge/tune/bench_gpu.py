@@ -84,10 +84,11 @@ def _flush_buffer(torch: Any, device: Any) -> Any:
     return buffer
 
 
-def host_ahead_ms(host_ms: float, runs: int) -> float:
-    """How long to hold the GPU before `runs` timed runs that take the host `host_ms` each to queue: long
-    enough for the host to queue them all (with a margin), at most `_MAX_HOLD_MS`."""
-    return min(_MAX_HOLD_MS, 1.5 * max(host_ms, 0.0) * runs)
+def host_ahead_ms(host_ms: float, runs: int, gpu_ms: float = 0.0) -> float:
+    """How long to hold the GPU before `runs` timed runs that take the host `host_ms` each to queue and the GPU
+    at least `gpu_ms` each to run: long enough for the host to stay ahead of the GPU through them (with a
+    margin; nothing when the GPU is the slower side), at most `_MAX_HOLD_MS`."""
+    return min(_MAX_HOLD_MS, max(0.0, 1.5 * host_ms - max(gpu_ms, 0.0)) * runs)
 
 
 def _sleep_cycles_per_ms(torch: Any, device: Any) -> float | None:
@@ -123,14 +124,15 @@ def hold(torch: Any, device: Any, ms: float) -> None:
 
 
 def queue_held(torch: Any, device: Any, events: Sequence[tuple[Any, Any]], run: Callable[[], object],
-               setup: Callable[[], object] | None, flush: Any, host_ms: float) -> float:
+               setup: Callable[[], object] | None, flush: Any, host_ms: float, gpu_ms: float = 0.0) -> float:
     """Queue one event-timed run of `run` per (start, end) pair, `setup` and the L2 flush before each start, in
     parts of at most `_HOLD_RUNS` runs, each behind a `hold` long enough for the host to queue it: the GPU's
     launch queue holds about a thousand operations, and a batch that overflowed it would drain faster than the
-    host refills it, and be timed at the host's pace again. Returns the host's time per run, as measured."""
+    host refills it, and be timed at the host's pace again. `gpu_ms`: a run's known GPU time (its kernel's,
+    the flush left out: the holds err long). Returns the host's time per run, as measured."""
     for first in range(0, len(events), _HOLD_RUNS):
         part = events[first:first + _HOLD_RUNS]
-        hold(torch, device, host_ahead_ms(host_ms, len(part)))
+        hold(torch, device, host_ahead_ms(host_ms, len(part), gpu_ms))
         queued = time.perf_counter()
         for start, end in part:
             if setup is not None:
@@ -188,16 +190,21 @@ def benchmark_gpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
         event: Any = torch.cuda.Event  # untyped in torch's stubs
 
         host_ms = [_FIRST_HOST_MS]  # the host's time to queue one timed run, as last measured
+        gpu_ms = [0.0]  # a run's GPU time, once estimated
 
         def timed(runs: int) -> list[float]:
             events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(runs)]
-            host_ms[0] = queue_held(torch, device, events, run, before, flush, host_ms[0])
+            host_ms[0] = queue_held(torch, device, events, run, before, flush, host_ms[0], gpu_ms[0])
             torch.cuda.synchronize()
             return [start.elapsed_time(end) / calls for start, end in events]
 
         estimate = sorted(timed(_ESTIMATE_RUNS))[_ESTIMATE_RUNS // 2]
-        warmup, repeats = plan_runs(estimate, warmup_s=warmup_s, budget_s=budget_s, min_repeats=min_repeats,
-                                    max_repeats=max_repeats)
+        # Trusted as the GPU's time only well above the host's (the first runs' hold was a guess: runs about as
+        # long as the host's are perhaps its pace); a run lasts at least the host's time to queue it, so the
+        # budget is planned on the longer of the two.
+        gpu_ms[0] = estimate * calls if estimate * calls > 2 * host_ms[0] else 0.0
+        warmup, repeats = plan_runs(max(estimate, host_ms[0] / calls), warmup_s=warmup_s, budget_s=budget_s,
+                                    min_repeats=min_repeats, max_repeats=max_repeats)
         for _ in range(warmup):
             if before is not None:
                 before()
@@ -257,7 +264,7 @@ def time_side_by_side_gpu(runs: Sequence[Callable[[], object]], setup: Callable[
             pending: list[tuple[int, list[tuple[Any, Any]]]] = []
             for i in order:
                 events = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(batch)]
-                host_ms = queue_held(torch, device, events, runs[i], setup, flush, host_ms)
+                host_ms = queue_held(torch, device, events, runs[i], setup, flush, host_ms, typical_ms)
                 pending.append((i, events))
             torch.cuda.synchronize()
             for i, events in pending:
