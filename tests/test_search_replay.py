@@ -19,8 +19,8 @@ from .search_fixtures import OPTIMUM, tiled_cost, tiled_space
 
 
 def recorded_run(path: Path) -> Path:
-    """An exhaustive run of the tiled space as records (a tenth of them failed builds), plus a library call
-    (no parameters) and a second selection too small to search."""
+    """An exhaustive run of the tiled space as records (a tenth of them failed builds), plus library calls (one
+    without parameters, one with: cuBLAS's activation) and a second selection too small to search."""
     rows = []
     for i, config in enumerate(tiled_space()):
         failed = i % 10 == 3 and config != OPTIMUM
@@ -29,6 +29,8 @@ def recorded_run(path: Path) -> Path:
                            median_ms=None if failed else tiled_cost(config), params=dict(config),
                            inputs="float32[512x512]", created=time.time()))
     rows.append(Record(key="sel-tiled", choice="lib", op="tiled", choice_name="library", status="ok", median_ms=0.5))
+    rows.append(Record(key="sel-tiled", choice="blas", op="tiled", choice_name="cublas", status="ok", median_ms=0.4,
+                       params={"activation": "none"}, info={"family": "ExternChoice:cublas"}))
     rows += [Record(key="sel-small", choice=f"s{i}", op="small", choice_name=f"s{i}", status="ok",
                     median_ms=1.0 + i, params={"X": i}) for i in range(3)]
     write_bundle({"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "exported": time.time(),
@@ -40,7 +42,8 @@ def test_a_recording_is_the_selection_s_configurations_and_their_times(tmp_path:
     found = recordings(read_records(recorded_run(tmp_path / "run.json")))
     assert [r.key for r in found] == ["sel-tiled"]  # the small selection is no search problem
     recording, = found
-    assert recording.size == 1320 and recording.best == 1.0  # the library call is not a configuration
+    assert recording.size == 1320 and recording.best == 1.0  # the library calls are no configurations
+    assert set(recording.space.names) == set(OPTIMUM)  # nor is cuBLAS's activation a parameter of the space
     assert sum(c == float("inf") for c in recording.costs.values()) == 132
     assert recording.evaluate([OPTIMUM]) == [1.0] and OPTIMUM in recording.space
     assert recording.space.count() == 1320
@@ -133,5 +136,13 @@ def test_the_default_strategy_meets_its_target_on_the_shipped_recordings(path: P
     assert within.median <= 0.15 * recording.size, (within.median, recording.size)
 
 
-def test_recordings_ship_for_both_vector_widths() -> None:
-    assert len(SHIPPED) >= 6 and {p.name.split("-")[1] for p in SHIPPED} == {"avx512", "avx2"}
+def test_recordings_ship_for_both_vector_widths_and_a_gpu() -> None:
+    assert len(SHIPPED) >= 7 and {p.name.split("-")[1] for p in SHIPPED} == {"avx512", "avx2", "cuda"}
+
+
+def test_a_replay_stops_each_run_at_the_recorded_best(tmp_path: Path) -> None:
+    """Nothing after the best changes a run's curve: a random search over 1,320 points ends where it finds it."""
+    recording, = recordings(read_records(recorded_run(tmp_path / "run.json")))
+    results = replay(recording, "random", seeds=5)
+    assert all(r.stopped == "target" and r.best_cost == recording.best for r in results)
+    assert [r.evaluations for r in results] == [c for c in reached(results, recording.best, (0.0,))[0].evaluations]

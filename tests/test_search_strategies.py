@@ -120,6 +120,8 @@ def test_budgets() -> None:
     assert result.stopped == "seconds" and result.evaluations == 4  # one tick per loop, after the first
     result = search(space, make("exhaustive", space), lambda cs: [1.0 for _ in cs], Budget(patience=25))
     assert result.stopped == "patience" and result.evaluations == 26  # the first is a new best, 25 are not
+    result = search(space, make("exhaustive", space), evaluate, stop_at=1.0)  # a replay knows the best cost
+    assert result.stopped == "target" and result.best == OPTIMUM and result.history[-1] == (OPTIMUM, 1.0)
 
 
 def test_prune_drops_configurations_without_spending_evaluations() -> None:

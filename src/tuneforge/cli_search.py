@@ -44,7 +44,8 @@ def replay(path: str, strategies: tuple[str, ...], seeds: int, budget: str | Non
     """Replay search strategies against a recorded exhaustive run (a records bundle, `records export`).
 
     For each selection with at least 8 recorded configurations, prints how many evaluations each strategy
-    needed (median over the seeds) to find a configuration within 0-10% of the recorded best.
+    needed (median over the seeds) to find a configuration within 0-10% of the recorded best. A run ends at its
+    budget or when it finds the recorded best.
     """
     from tuneforge.search import Budget
     from tuneforge.search.registry import names as strategy_names

@@ -32,18 +32,13 @@ def ranked(space: Space, costs: Mapping[tuple[Any, ...], float], candidates: Seq
     told = [(key, cost) for key, cost in costs.items() if math.isfinite(cost) and cost > 0]
     if not candidates or not told:
         return []
-    column: dict[tuple[int, Any], int] = {}
-    for i, name in enumerate(space.names):
-        for value in space.values[name]:
-            column[(i, value)] = len(column)
-
-    def columns(keys: Sequence[Sequence[Any]]) -> Any:  # each configuration's one-hot columns, one per parameter
-        return np.array([[column[(i, value)] for i, value in enumerate(key)] for key in keys], dtype=np.intp)
-
-    told_columns = columns([key for key, _ in told])
-    x = np.zeros((len(told), len(column)))
+    # a parameter's values are consecutive one-hot columns: position + the parameter's first column
+    sizes = [len(space.values[name]) for name in space.names]
+    first, width = np.cumsum([0, *sizes[:-1]]), sum(sizes)
+    told_columns = space.positions(key for key, _ in told) + first
+    x = np.zeros((len(told), width))
     x[np.arange(len(told))[:, None], told_columns] = 1.0
     y = np.log([cost for _, cost in told])
-    effects = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(column)), x.T @ (y - y.mean()))
-    predicted = effects[columns([space.key(c) for c in candidates])].sum(axis=1)
+    effects = np.linalg.solve(x.T @ x + RIDGE * np.eye(width), x.T @ (y - y.mean()))
+    predicted = effects[space.positions(space.key(c) for c in candidates) + first].sum(axis=1)
     return [candidates[i] for i in np.argsort(predicted, kind="stable")]

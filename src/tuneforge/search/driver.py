@@ -44,10 +44,11 @@ class SearchResult:
 
 
 def search(space: Space, strategy: Strategy, evaluate: Evaluate, budget: Budget | None = None, *, batch: int = 1,
-           prune: Prune | None = None, space_size: int | None = None,
+           prune: Prune | None = None, space_size: int | None = None, stop_at: float | None = None,
            clock: Callable[[], float] = time.perf_counter) -> SearchResult:
-    """Run `strategy` over `space` until it is done or `budget` is spent. `space_size`: the number of valid
-    configurations, when known (a budget given as a share of the space needs it; counted here otherwise)."""
+    """Run `strategy` over `space` until it is done, `budget` is spent or (with `stop_at`: a replay that knows the
+    best cost) a cost of at most `stop_at` was found. `space_size`: the number of valid configurations, when
+    known (a budget given as a share of the space needs it; counted here otherwise)."""
     if batch < 1:
         raise ValueError(f"search: batch must be at least 1, not {batch}")
     budget = budget or Budget()
@@ -66,6 +67,9 @@ def search(space: Space, strategy: Strategy, evaluate: Evaluate, budget: Budget 
             break
         if budget.patience is not None and since_best >= budget.patience:
             result.stopped = "patience"
+            break
+        if stop_at is not None and result.best_cost <= stop_at:
+            result.stopped = "target"
             break
         asked = strategy.ask(batch if limit is None else min(batch, limit - result.evaluations))
         if not asked:

@@ -65,11 +65,11 @@ class ModelSearch(Strategy):
 
         finite = [c for _, c in told if c < FAILED]
         worst = 2 * max(finite)
-        x = np.array([self.space.position(self.space.config(key)) for key, _ in told], dtype=float)
+        x = self.space.positions(key for key, _ in told).astype(float)
         y = np.log([c if c < FAILED else worst for _, c in told])
         model = self._regressor(n_estimators=_TREES, min_samples_leaf=1, random_state=self.rng.randrange(2**31))
         model.fit(x, y)
-        grid = np.array([self.space.position(c) for c in candidates], dtype=float)
+        grid = self.space.positions(self.space.key(c) for c in candidates).astype(float)
         per_tree = np.stack([tree.predict(grid) for tree in model.estimators_])
         mean, std = per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), 1e-9)
         best = math.log(min(finite))
@@ -85,9 +85,9 @@ class ModelSearch(Strategy):
 
     def _candidates(self) -> list[Config]:
         exclude = self.exclude()
-        listed = self.space.listed()
-        if listed is not None:
-            return [c for c in listed if self.space.key(c) not in exclude]
+        listed, keys = self.space.listed(), self.space.listed_keys()
+        if listed is not None and keys is not None:
+            return [c for c, k in zip(listed, keys, strict=True) if k not in exclude]
         found = {self.space.key(c): c for c in self.space.sample(self.rng, _CANDIDATES, exclude)}
         leaders = sorted((cost, key) for key, cost in self.costs.items() if cost < FAILED)[:5]
         for _, key in leaders:

@@ -57,13 +57,14 @@ class Recording:
 
 def recordings(records: Iterable[Record], *, min_points: int = MIN_POINTS, key: str | None = None,
                by_build: bool = False) -> list[Recording]:
-    """The recordings among `records`: per selection key (those starting with `key`, if given), the choices that
-    have parameters (template configurations; library calls have none), when there are at least `min_points`.
+    """The recordings among `records`: per selection key (those starting with `key`, if given), the template
+    configurations (choices with parameters that are no library call: cuBLAS's activation setting is no point of
+    a template's space), when there are at least `min_points`.
     With `by_build`, a point is a build (the records naming one artifact: the configurations compiled into it,
     with the parameters they share) and its cost the best of theirs, as `select(..., strategy=)` searches."""
     by_key: dict[str, list[Record]] = {}
     for r in records:
-        if r.params and (key is None or r.key.startswith(key)):
+        if r.params and not _library_call(r) and (key is None or r.key.startswith(key)):
             by_key.setdefault(r.key, []).append(r)
     found = []
     for k, rows in sorted(by_key.items()):
@@ -88,14 +89,20 @@ def recordings(records: Iterable[Record], *, min_points: int = MIN_POINTS, key: 
     return found
 
 
+def _library_call(record: Record) -> bool:
+    return str(record.info.get("family", "")).startswith("ExternChoice")
+
+
 def replay(recording: Recording, strategy: str, *, seeds: int = 20, budget: Budget | None = None, batch: int = 1,
            options: Mapping[str, Any] | None = None) -> list[SearchResult]:
-    """`strategy` run once per seed (0..seeds-1) against the recording."""
+    """`strategy` run once per seed (0..seeds-1) against the recording, each run until its `budget` is spent or
+    it has found the recorded best: nothing after that changes its curve, and a search driven to the end of a
+    thousand-point space costs seconds a seed where finding the best takes milliseconds."""
     results = []
     for seed in range(seeds):
         strat = make(strategy, recording.space, seed=seed, **dict(options or {}))
         results.append(search(recording.space, strat, recording.evaluate, budget, batch=batch,
-                              space_size=recording.size))
+                              space_size=recording.size, stop_at=recording.best))
     return results
 
 

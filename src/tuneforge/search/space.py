@@ -17,7 +17,7 @@ import contextlib
 import json
 import math
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +176,8 @@ class Space:
         self._listed: list[Config] | None = None
         self._exact = False  # the listing is a set of recorded points (from_points), not the restricted product
         self._positions: Any = None  # the members' positions, a numpy array (from_points spaces, on first use)
+        self._listed_keys: list[tuple[Any, ...]] | None = None  # the listing's keys (on first use)
+        self._position_of: dict[tuple[Any, ...], tuple[int, ...]] = {}  # positions(), remembered
 
     @classmethod
     def from_points(cls, points: Sequence[Mapping[str, Any]]) -> Space:
@@ -218,6 +220,16 @@ class Space:
         if self._listed is None and self.size_bound <= LIST_LIMIT:
             self._listed = list(self)
         return self._listed
+
+    def listed_keys(self) -> list[tuple[Any, ...]] | None:
+        """The keys of `listed()`, in its order (kept: a search looks through them once per evaluation, and keying a
+        thousand-point listing each time made replaying a search to its end take minutes)."""
+        listed = self.listed()
+        if listed is None:
+            return None
+        if self._listed_keys is None or len(self._listed_keys) != len(listed):
+            self._listed_keys = [self.key(c) for c in listed]
+        return self._listed_keys
 
     def count(self) -> int:
         """How many valid configurations there are (enumerates them: mind a huge space)."""
@@ -266,6 +278,20 @@ class Space:
         """Each parameter's value as its index in the parameter's list (an ordinal encoding for models)."""
         return tuple(self._index[name][config[name]] for name in self.names)
 
+    def positions(self, keys: Iterable[tuple[Any, ...]]) -> Any:
+        """The `position` of each key's configuration, as rows of an integer numpy array (remembered per key:
+        models re-encode everything timed so far at every step)."""
+        import numpy as np
+
+        known, index = self._position_of, [self._index[name] for name in self.names]
+        rows = []
+        for key in keys:
+            row = known.get(key)
+            if row is None:
+                row = known[key] = tuple(ix[v] for ix, v in zip(index, key, strict=True))
+            rows.append(row)
+        return np.array(rows, dtype=np.intp).reshape(len(rows), len(self.names))
+
     # ------------------------------------------------------------------------------------------- walking
 
     def __iter__(self) -> Iterator[Config]:
@@ -294,8 +320,10 @@ class Space:
         exclude = exclude or set()
         listed = self.listed()
         if listed is not None:
-            fresh = [c for c in listed if self.key(c) not in exclude]
-            return rng.sample(fresh, min(count, len(fresh)))
+            # keys kept: a search samples once per evaluation, and keying a thousand-point listing each time
+            # made a replay's random search quadratic in seconds
+            fresh = [i for i, k in enumerate(self.listed_keys() or ()) if k not in exclude]
+            return [dict(listed[i]) for i in rng.sample(fresh, min(count, len(fresh)))]
         found: dict[tuple[Any, ...], Config] = {}
         tries = 0
         while len(found) < count:
@@ -337,7 +365,7 @@ class Space:
 
         assert self._listed is not None
         if self._positions is None:
-            self._positions = np.array([self.position(m) for m in self._listed], dtype=np.int64)
+            self._positions = self.positions(self.listed_keys() or ()).astype(np.int64)
         members = self._positions
         here = np.array(self.position(config), dtype=np.int64)
         differ = members != here
