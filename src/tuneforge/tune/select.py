@@ -31,7 +31,6 @@ from tuneforge.store.shipped import Nearest
 from tuneforge.store.tiers import RecordSource, record_tiers
 from tuneforge.tune import agree
 from tuneforge.tune.choices import Choice, ExternChoice
-from tuneforge.tune.confirm import CONFIDENCE
 from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
@@ -253,8 +252,11 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
                                        rows=_rows(candidates, found.records, statistic, found.measured),
                                        winner=winner.name, source=source, statistic=statistic)
     winner_record = found.records.get(winner.hash_key)
-    if winner_record is not None and winner_record.info.get(CONFIDENCE) and found.benchmarked:
-        report.extra["confidence"] = winner_record.info[CONFIDENCE]
+    if found.benchmarked and winner_record is not None:
+        from tuneforge.tune.confirm import CONFIDENCE  # with the measuring machinery: a recall loads neither
+
+        if winner_record.info.get(CONFIDENCE):
+            report.extra["confidence"] = winner_record.info[CONFIDENCE]
     if found.nearest is not None:
         nearest = found.nearest[1]
         report.extra["nearest"] = {"key": nearest.key, "inputs": nearest.inputs, "distance": round(nearest.distance, 3)}

@@ -13,11 +13,13 @@ import hashlib
 import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tuneforge.search.space import Space
 from tuneforge.store.record import Record
 from tuneforge.tune.choices import Choice, dedupe
+
+if TYPE_CHECKING:
+    from tuneforge.search.space import Space  # loaded with a TemplateSpace: a select() without one needs none
 
 
 class Template(Protocol):
@@ -33,6 +35,8 @@ class TemplateSpace:
     """`template`'s configurations in `space` (a tuneforge.Space)."""
 
     def __init__(self, template: Template, space: Space) -> None:
+        from tuneforge.search.space import Space
+
         if not isinstance(space, Space):
             raise TypeError(f"template {template.name!r}: space() takes a tuneforge.Space, not "
                             f"{type(space).__name__}")
