@@ -330,10 +330,18 @@ def steady(torch: Any, task: Row, shape: Shape, dtype: Any, ours: Callable[[Any,
             failures.setdefault(name, f"wrong result: relative error {errors.get(name)}")
             del calls[name]
     rounds: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(task["rounds"]):
-        for name, call in calls.items():
-            rounds[name].append(float(do_bench(call, warmup=10, rep=task["rep_ms"], return_mode="median")))
+    for r in range(task["rounds"]):
+        for name in round_order(list(calls), r):
+            rounds[name].append(float(do_bench(calls[name], warmup=10, rep=task["rep_ms"], return_mode="median")))
     return {"rounds": rounds, "errors": errors, "failures": failures}
+
+
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """The order of the systems in timing round `r`: each round starts with the next one. In a fixed order, cuBLAS
+    always timed first came out 3-4% slower than the very same cuBLAS call timed after it in the round (Inductor's
+    pick on 8192^3, tuneforge's on 4096x14336x4096; H200, fp16): a place in the round must not be a system's."""
+    shift = r % len(names) if names else 0
+    return [*names[shift:], *names[:shift]]
 
 
 def probe(torch: Any) -> Row:

@@ -211,13 +211,13 @@ class Runner:
         notes: list[str] = row["notes"]
         base = self.tmp / f"{row['shape']}-{dtype}"
         inductor_env = {"TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"), "TRITON_CACHE_DIR": str(base / "ind-triton")}
+        # verbose: the cold selection's table (every candidate's tuning times, the pick's confidence) goes to the
+        # children's log, so that a pick slower than cuBLAS in steady state can be told from its tuning figures
         tf_env = {"TUNEFORGE_CACHE_DIR": str(base / "tuneforge"), "TRITON_CACHE_DIR": str(base / "tf-triton"),
-                  "TORCHINDUCTOR_CACHE_DIR": str(base / "tf-inductor")}
+                  "TORCHINDUCTOR_CACHE_DIR": str(base / "tf-inductor"), "TUNEFORGE_AUTOTUNE_VERBOSE": "1"}
         remote = ({"TUNEFORGE_REMOTE_URL": self.redis_url, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
                   if self.redis_url else {})
         common: Row = {"shape": list(shape), "dtype": dtype, "seed": self.args.seed, "profile": self.args.profile}
-        if self.args.profile:  # the selection's table (build and benchmark seconds) in the children's log too
-            tf_env["TUNEFORGE_AUTOTUNE_VERBOSE"] = "1"
 
         def first(result: Row, what: str, field: str, scale: float) -> None:
             failed = result.get("failed") or result.get("tuneforge_failed")

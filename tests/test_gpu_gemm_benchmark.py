@@ -71,6 +71,13 @@ def test_accuracy_thresholds_per_dtype() -> None:
     assert not gc.accurate(float("nan"), "bfloat16") and not gc.accurate(None, "float16")
 
 
+def test_each_timing_round_starts_with_the_next_system() -> None:
+    orders = [gc.round_order(["cublas", "inductor", "tuneforge"], r) for r in range(4)]
+    assert [o[0] for o in orders] == ["cublas", "inductor", "tuneforge", "cublas"]
+    assert all(sorted(o) == ["cublas", "inductor", "tuneforge"] for o in orders)
+    assert gc.round_order([], 2) == []
+
+
 def test_steady_summary_ratios_are_medians_of_per_round_ratios() -> None:
     rounds = {"cublas": [1.0, 2.0, 1.0], "inductor": [1.0, 1.0, 2.0], "tuneforge": [0.5, 1.0, 1.0]}
     out = gc.summarize_steady(rounds, (1024, 1024, 1024))
