@@ -154,6 +154,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Re-time the fastest choice and the reference (the first extern choice, e.g. numpy) side by side, in "
             "alternating rounds, when the fastest beat the reference by less than this factor (0: never).",
             in_cache_key=False),
+    Setting("autotune.library_margin", parsing.parse_float, parsing.coerce_non_negative_float, 0.02,
+            "A generated kernel replaces the fastest library call (an extern choice: numpy, cuBLAS) only when it "
+            "is faster by more than this fraction (0: whichever timed fastest).", in_cache_key=False),
     Setting("autotune.abandon_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.5,
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),

@@ -79,6 +79,10 @@ def format_table(report: SelectionReport, limit: int | None) -> str:
                      f"{report.build_s:.4f} seconds precompiling")
     lines += [f"AUTOTUNE confidence: {report.winner} {describe_confidence(entry)}"
               for entry in report.extra.get("confidence", [])]
+    kept = report.extra.get("library_margin")
+    if kept:
+        lines.append(f"AUTOTUNE pick: {kept['kept']}, a library call, kept ahead of {kept['over']}: within "
+                     f"{100 * kept['margin']:g}% of it (autotune.library_margin)")
     return "\n".join(lines) + "\n"
 
 

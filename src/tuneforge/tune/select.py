@@ -35,6 +35,7 @@ from tuneforge.tune.device import DeviceContextLost, cuda_index, job_device
 from tuneforge.tune.fingerprint import selection_key as make_selection_key
 from tuneforge.tune.fingerprint import system_fingerprint
 from tuneforge.tune.job import TrialJob, args_signature, error_text
+from tuneforge.tune.ranking import ranked as rank
 from tuneforge.tune.sample import SAMPLED, RowSample
 from tuneforge.tune.specs import TensorSpec, key_of
 from tuneforge.tune.template_space import TemplateSpace, split_choices
@@ -96,15 +97,6 @@ def _describe(value: Any) -> str:
 
 def _sizes(value: Any) -> str:
     return value.sizes_text() if isinstance(value, TensorSpec) else repr(value)
-
-
-def _pick(candidates: Sequence[Choice], records: Mapping[str, Record], statistic: str) -> list[Choice]:
-    """Candidates with an ok record, fastest first (ties: list order); those timed on a sample of the problem
-    only come after every choice timed on the whole of it (sample.py: a finished selection's fastest always was;
-    a worker that died confirming one leaves the others unconfirmed)."""
-    timed = [(SAMPLED in records[c.hash_key].method, records[c.hash_key].time(statistic), i, c)
-             for i, c in enumerate(candidates) if c.hash_key in records and records[c.hash_key].status == "ok"]
-    return [c for _, t, _, c in sorted((s, t, i, c) for s, t, i, c in timed if t is not None)]
 
 
 def _ready(choice: Choice) -> Choice:
@@ -257,6 +249,9 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
 
         if winner_record.info.get(CONFIDENCE):
             report.extra["confidence"] = winner_record.info[CONFIDENCE]
+    if found.displaced is not None and winner.is_extern:
+        report.extra["library_margin"] = {"kept": winner.name, "over": found.displaced.name,
+                                          "margin": config.get_float("autotune.library_margin")}
     if found.nearest is not None:
         nearest = found.nearest[1]
         report.extra["nearest"] = {"key": nearest.key, "inputs": nearest.inputs, "distance": round(nearest.distance, 3)}
@@ -282,6 +277,7 @@ class _Found:
     benchmarked: list[str] = field(default_factory=list)
     outcome: Outcome | None = None
     agreed: Choice | None = None  # another process's published pick, taken instead of measuring
+    displaced: Choice | None = None  # a kernel faster than the pick, a library call, by less than the margin
 
     def missing(self, candidates: Sequence[Choice]) -> list[Choice]:
         return [c for c in candidates if c.hash_key not in self.records]
@@ -394,7 +390,7 @@ def _choose(name: str, sizes: Sequence[str], candidates: Sequence[Choice], found
             choice.use_record(records[choice.hash_key].info)
     if found.agreed is not None:
         return _ready(found.agreed), "agreed"
-    ranked = _pick(candidates, records, statistic)
+    ranked, found.displaced = rank(candidates, records, statistic)
     winner = found.nearest[0] if found.nearest is not None else _first_that_builds(ranked)
     source = found.source
     if winner is None:
