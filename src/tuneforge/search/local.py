@@ -109,10 +109,10 @@ class CoordinateDescent(Strategy):
         return fresh[0] if fresh else None
 
     def _untimed(self) -> list[Config]:
-        listed, keys = self.space.listed(), self.space.listed_keys()
-        if listed is not None and keys is not None:
-            return [c for c, k in zip(listed, keys, strict=True) if k not in self.costs and k not in self.pending]
-        return self.space.sample(self.rng, MODEL_POOL, self.exclude())  # too many to list: a sample of them
+        exclude = self.exclude()
+        untried = self.space.untried(exclude)
+        # too many to list: a sample of them
+        return untried if untried is not None else self.space.sample(self.rng, MODEL_POOL, exclude)
 
 
 

@@ -85,9 +85,9 @@ class ModelSearch(Strategy):
 
     def _candidates(self) -> list[Config]:
         exclude = self.exclude()
-        listed, keys = self.space.listed(), self.space.listed_keys()
-        if listed is not None and keys is not None:
-            return [c for c, k in zip(listed, keys, strict=True) if k not in exclude]
+        untried = self.space.untried(exclude)
+        if untried is not None:
+            return untried
         found = {self.space.key(c): c for c in self.space.sample(self.rng, _CANDIDATES, exclude)}
         leaders = sorted((cost, key) for key, cost in self.costs.items() if cost < FAILED)[:5]
         for _, key in leaders:

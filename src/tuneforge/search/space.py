@@ -231,6 +231,14 @@ class Space:
             self._listed_keys = [self.key(c) for c in listed]
         return self._listed_keys
 
+    def untried(self, exclude: set[tuple[Any, ...]] | Mapping[tuple[Any, ...], Any]) -> list[Config] | None:
+        """The listed configurations whose keys are not in `exclude` (the listing's own dicts, in its order); None
+        when the space is too large to list."""
+        listed, keys = self.listed(), self.listed_keys()
+        if listed is None or keys is None:
+            return None
+        return [c for c, k in zip(listed, keys, strict=True) if k not in exclude]
+
     def count(self) -> int:
         """How many valid configurations there are (enumerates them: mind a huge space)."""
         listed = self.listed()
@@ -318,12 +326,9 @@ class Space:
     def sample(self, rng: random.Random, count: int = 1, exclude: set[tuple[Any, ...]] | None = None) -> list[Config]:
         """Up to `count` distinct valid configurations drawn uniformly, none of whose keys is in `exclude`."""
         exclude = exclude or set()
-        listed = self.listed()
-        if listed is not None:
-            # keys kept: a search samples once per evaluation, and keying a thousand-point listing each time
-            # made a replay's random search quadratic in seconds
-            fresh = [i for i, k in enumerate(self.listed_keys() or ()) if k not in exclude]
-            return [dict(listed[i]) for i in rng.sample(fresh, min(count, len(fresh)))]
+        fresh = self.untried(exclude)
+        if fresh is not None:
+            return [dict(c) for c in rng.sample(fresh, min(count, len(fresh)))]
         found: dict[tuple[Any, ...], Config] = {}
         tries = 0
         while len(found) < count:
