@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,8 +158,11 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
     assert first.median_ms < second.median_ms
     assert len(rounds[0]) == len(rounds[1]) >= MIN_ROUNDS  # each batch's median, per round
     sure = confidence(rounds[0], rounds[1], "slow")
-    assert sure["versus"] == "slow" and sure["rounds"] == len(rounds[0]) and sure["faster_in"] == sure["rounds"]
-    assert sure["by"] > 0.5 and sure["p"] == pytest.approx(0.5 ** sure["rounds"], abs=1e-4)  # a fair coin: 1/2^n
+    # a preempted batch on a busy 2-core VM can lose one round (seen in CI: a 0.5 ms run's batch at 1.65 ms)
+    n, wins = sure["rounds"], sure["faster_in"]
+    assert sure["versus"] == "slow" and n == len(rounds[0]) and wins >= n - 1
+    tail = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n  # a fair coin's chance of that many wins or more
+    assert sure["by"] > 0.5 and sure["p"] == pytest.approx(tail, abs=1e-4)
     # the order alternates; each batch of 2 timed runs starts with an untimed warm-up run
     assert order[:6] == ["f"] * 3 + ["s"] * 3 and order[6:12] == ["s"] * 3 + ["f"] * 3
 
