@@ -111,6 +111,8 @@ TARGETS = [
     Target("cold tuning <= 2 s (slowest case)", "tuneforge_cold_s", 2.0, "max"),
     Target("warm first call <= 50 ms (slowest case)", "tuneforge_warm_ms", 50.0, "max"),
     Target("fresh machine, warm Redis <= 100 ms", "redis_warm_ms", 100.0, "max", optional=True),
+    # the trials' time isolated (waiting for the worker included) over the same trials in the tuning process
+    Target("isolation overhead <= 1.1x (trials)", "isolation_trials_ratio", 1.1, "max", optional=True),
 ]
 
 
@@ -165,6 +167,51 @@ COLUMNS = [  # header, field, width, format (empty: text)
     ("TF cold s", "tuneforge_cold_s", 9, ".2f"), ("TF warm ms", "tuneforge_warm_ms", 10, ".1f"),
     ("Redis ms", "redis_warm_ms", 8, ".1f"),
 ]
+
+
+PHASES = ("build_s", "startup_s", "verify_s", "bench_s")
+
+
+def cold_phases(log_path: Path) -> Row | None:
+    """Where a cold selection's time went, from the last GEMM line of its autotune log (autotune.log): the
+    builds, the wait for the benchmark worker's start, checking and timing the choices."""
+    if not log_path.exists():
+        return None
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    gemm = [line for line in lines if "gemm" in str(line.get("op", ""))]
+    return {phase: float(gemm[-1].get(phase, 0.0)) for phase in PHASES} if gemm else None
+
+
+def isolation_ratios(row: Row) -> Row:
+    """The cold selection isolated against the same in the tuning process (autotune.isolate off): the whole first
+    call, and its trials alone (verify + bench, plus the wait for the worker where isolated)."""
+    ours, theirs = row.get("cold_phases"), row.get("inprocess_phases")
+    out: Row = {}
+    if row.get("tuneforge_cold_s") and row.get("inprocess_cold_s"):
+        out["isolation_cold_ratio"] = row["tuneforge_cold_s"] / row["inprocess_cold_s"]
+    if ours and theirs and theirs["verify_s"] + theirs["bench_s"] > 0:
+        out["isolation_trials_ratio"] = ((ours["startup_s"] + ours["verify_s"] + ours["bench_s"]) /
+                                         (theirs["verify_s"] + theirs["bench_s"]))
+    return out
+
+
+def format_phases(rows: Sequence[Row]) -> str:
+    """Cold tuning, where its time went; 'other': imports, choices, keys, records (the first call less the phases)."""
+    lines = ["cold tuning phases (s):    shape    dtype  first  build worker verify  bench  other | "
+             "in-process first  trials | isolated/in-process first trials"]
+    for row in rows:
+        phases = row.get("cold_phases")
+        if not phases:
+            continue
+        other = (row["tuneforge_cold_s"] - sum(phases.values())) if row.get("tuneforge_cold_s") else None
+        inproc = row.get("inprocess_phases") or {}
+        trials = inproc["verify_s"] + inproc["bench_s"] if inproc else None
+        lines.append(f"{row['shape']:>32} {row['dtype']:>8} {fmt(row.get('tuneforge_cold_s'), '6.2f')} "
+                     + " ".join(f"{phases[p]:6.2f}" for p in PHASES) + f" {fmt(other, '6.2f')} | "
+                     f"{fmt(row.get('inprocess_cold_s'), '16.2f')} {fmt(trials, '7.2f')} | "
+                     f"{fmt(row.get('isolation_cold_ratio'), '25.2f')} "
+                     f"{fmt(row.get('isolation_trials_ratio'), '6.2f')}")
+    return "\n".join(lines)
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -286,6 +333,8 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
             profiler.disable()
     result: Row = {"first_s": time.perf_counter() - started, "import_s": imported - started, "entry": entry,
                    "error": rel_error(torch, out, a, b)}
+    if os.environ.get("TUNEFORGE_AUTOTUNE_LOG"):
+        result["phases"] = cold_phases(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
     if profiler is not None:  # where the first call's time went, in the children's log
         print(f"=== profile of tuneforge's first call ({task.get('what', '?')}, {shape_text(task['shape'])} "
               f"{task['dtype']}): {result['first_s'] * 1e3:.1f} ms, import {result['import_s'] * 1e3:.1f} ms")

@@ -60,9 +60,11 @@ from gpu_common import (
     finish_child,
     fmt,
     format_geomeans,
+    format_phases,
     format_table,
     format_targets,
     geomeans,
+    isolation_ratios,
     log,
     parse_shape,
     shape_text,
@@ -214,7 +216,8 @@ class Runner:
         # verbose: the cold selection's table (every candidate's tuning times, the pick's confidence) goes to the
         # children's log, so that a pick slower than cuBLAS in steady state can be told from its tuning figures
         tf_env = {"TUNEFORGE_CACHE_DIR": str(base / "tuneforge"), "TRITON_CACHE_DIR": str(base / "tf-triton"),
-                  "TORCHINDUCTOR_CACHE_DIR": str(base / "tf-inductor"), "TUNEFORGE_AUTOTUNE_VERBOSE": "1"}
+                  "TORCHINDUCTOR_CACHE_DIR": str(base / "tf-inductor"), "TUNEFORGE_AUTOTUNE_VERBOSE": "1",
+                  "TUNEFORGE_AUTOTUNE_LOG": str(base / "autotune.jsonl")}
         remote = ({"TUNEFORGE_REMOTE_URL": self.redis_url, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
                   if self.redis_url else {})
         common: Row = {"shape": list(shape), "dtype": dtype, "seed": self.args.seed, "profile": self.args.profile}
@@ -235,6 +238,15 @@ class Runner:
         cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote),
                          "what": "cold"}, "cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
+        row["cold_phases"] = cold.get("phases")
+        if self.args.in_process:  # the same cold selection with its trials in the tuning process: isolation's cost
+            inproc_env = {**tf_env, "TUNEFORGE_AUTOTUNE_ISOLATE": "0", "TUNEFORGE_CACHE_DIR": str(base / "inproc"),
+                          "TRITON_CACHE_DIR": str(base / "inproc-triton"),
+                          "TUNEFORGE_AUTOTUNE_LOG": str(base / "inproc.jsonl")}
+            inproc = self.run({**common, "kind": "tuneforge", "env": inproc_env, "what": "cold in-process"}, "cold")
+            first(inproc, "tuneforge cold in-process", "inprocess_cold_s", 1.0)
+            row["inprocess_phases"] = inproc.get("phases")
+            row.update(isolation_ratios(row))
         first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",
               "inductor_warm_ms", 1e3)
         if remote:
@@ -279,6 +291,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting measurements after this")
     parser.add_argument("--launch", choices=["fork", "spawn"], default="fork")
     parser.add_argument("--no-redis", action="store_true", help="skip the fresh-machine-with-Redis figure")
+    parser.add_argument("--in-process", action="store_true",
+                        help="also tune each case cold with autotune.isolate off (isolation's overhead)")
     parser.add_argument("--profile", action="store_true",
                         help="profile tuneforge's first calls (cProfile, into the children's log)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -301,6 +315,7 @@ def report(meta: Row, rows: list[Row]) -> Row:
     for row in rows:
         for note in row["notes"]:
             print(f"  {row['shape']} {row['dtype']}: {note}")
+    print(format_phases(rows))
     print(format_geomeans(means))
     print("targets (issue 12):")
     print(format_targets(targets))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,13 @@ def test_tune_prints_table_and_second_run_uses_records(cache_dir: Path) -> None:
     again = subprocess.run([sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "48x40x32"],
                            capture_output=True, text=True, check=True)
     assert "decided from records" in again.stdout and "nothing benchmarked" in again.stderr
+    # a fresh process with every choice built already: nothing hides the worker's start, and the table says
+    # how long the trials waited for it
+    forced = subprocess.run([sys.executable, "-m", "tuneforge", "tune", "matmul", "--shape", "48x40x32", "--force"],
+                            capture_output=True, text=True, check=True)
+    waited = re.search(r"after ([0-9.]+) seconds waiting for the benchmark worker to start$",
+                       forced.stderr.splitlines()[-1])
+    assert waited is not None and 0.005 < float(waited.group(1)) < 60, forced.stderr
     assert "Invalid value" in invoke("tune", "matmul", "--shape", "48x40", code=2)
 
 

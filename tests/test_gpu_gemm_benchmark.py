@@ -106,7 +106,7 @@ def statuses(rows: list[gc.Row]) -> dict[str, str]:
 def test_targets_pass_fail_and_not_applicable() -> None:
     names = [t.name for t in gc.TARGETS]
     good = [row(), row("3000x1000x700", tuneforge_vs_cublas=1.4, tuneforge_vs_inductor=1.1)]
-    assert list(statuses(good).values()) == ["PASS", "PASS", "PASS", "PASS", "PASS", "n/a"]
+    assert list(statuses(good).values()) == ["PASS", "PASS", "PASS", "PASS", "PASS", "n/a", "n/a"]
     assert statuses([row()])[names[2]] == "n/a"  # 3000x1000x700 not in the run
     assert statuses([row(tuneforge_vs_cublas=0.98)])[names[0]] == "FAIL"
     assert statuses([row(tuneforge_vs_inductor=0.5), row(tuneforge_vs_inductor=1.9)])[names[1]] == "FAIL"
@@ -115,6 +115,7 @@ def test_targets_pass_fail_and_not_applicable() -> None:
     assert statuses([row(tuneforge_warm_ms=50.0)])[names[4]] == "PASS"
     assert statuses([row(tuneforge_warm_ms=50.1)])[names[4]] == "FAIL"
     assert statuses([row(redis_warm_ms=99.0)])[names[5]] == "PASS"
+    assert statuses([row(isolation_trials_ratio=1.12)])[names[6]] == "FAIL"
 
 
 def test_a_case_without_the_figure_fails_the_target() -> None:
@@ -139,6 +140,34 @@ def test_table_has_a_line_per_case_and_dashes_for_missing_figures() -> None:
     targets = gc.format_targets(gc.evaluate_targets([row(tuneforge_cold_s=3.0)]))
     assert "[FAIL] cold tuning" in targets and "[PASS] warm first call" in targets
     assert "tuneforge/Inductor 1.000x" in gc.format_geomeans(gc.geomeans([row()]))
+
+
+def test_cold_phases_come_from_the_last_gemm_line_of_the_autotune_log(tmp_path: Path) -> None:
+    log_path = tmp_path / "autotune.jsonl"
+    assert gc.cold_phases(log_path) is None
+    lines = [{"op": "gemm_cuda", "build_s": 9.0, "startup_s": 9.0, "verify_s": 9.0, "bench_s": 9.0},
+             {"op": "gemm_cuda", "build_s": 1.25, "startup_s": 0.5, "verify_s": 0.125, "bench_s": 0.75},
+             {"op": "softmax", "build_s": 7.0, "verify_s": 7.0, "bench_s": 7.0}]
+    log_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    phases = gc.cold_phases(log_path)
+    assert phases == {"build_s": 1.25, "startup_s": 0.5, "verify_s": 0.125, "bench_s": 0.75}
+    log_path.write_text(json.dumps(lines[2]) + "\n")
+    assert gc.cold_phases(log_path) is None  # no GEMM selection: nothing to show
+
+
+def test_isolation_ratios_and_the_phases_table() -> None:
+    case = row(tuneforge_cold_s=4.0, inprocess_cold_s=2.5,
+               cold_phases={"build_s": 1.0, "startup_s": 1.5, "verify_s": 0.25, "bench_s": 0.75},
+               inprocess_phases={"build_s": 1.0, "startup_s": 0.0, "verify_s": 0.2, "bench_s": 0.6})
+    ratios = gc.isolation_ratios(case)
+    assert ratios["isolation_cold_ratio"] == pytest.approx(1.6)
+    assert ratios["isolation_trials_ratio"] == pytest.approx(2.5 / 0.8)  # waiting for the worker counts
+    assert gc.isolation_ratios(row()) == {}  # not measured: no ratio
+    lines = gc.format_phases([{**case, **ratios}, row()]).splitlines()
+    assert len(lines) == 2  # a case without phases has no line
+    cells = lines[1].replace("|", " ").split()
+    assert cells[:9] == ["4096x4096x4096", "bfloat16", "4.00", "1.00", "1.50", "0.25", "0.75", "0.50", "2.50"]
+    assert cells[9:] == ["0.80", "1.60", "3.12"]
 
 
 def test_results_go_to_the_folder_and_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,16 @@ class Outcome:
     build_s: float = 0.0
     verify_s: float = 0.0
     bench_s: float = 0.0
+    startup_s: float = 0.0  # waiting for the benchmark worker to start (see runner.run_isolated)
     isolated: bool = False
+
+    def add(self, other: Outcome) -> None:
+        """Another batch's times (a search measures in batches: its report shows their sums)."""
+        self.build_s += other.build_s
+        self.verify_s += other.verify_s
+        self.bench_s += other.bench_s
+        self.startup_s += other.startup_s
+        self.isolated |= other.isolated
 
 
 def _isolating(job: TrialJob, choices: Sequence[Choice]) -> bool:
@@ -110,9 +119,10 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     if remote:
         from tuneforge.tune.runner import run_isolated
 
-        verify_s, bench_s = run_isolated(job, remote, reference, record, main_names)
+        verify_s, bench_s, startup_s = run_isolated(job, remote, reference, record, main_names)
         outcome.verify_s += verify_s
         outcome.bench_s += bench_s
+        outcome.startup_s += startup_s
         outcome.isolated = True
     if reference_failed:
         _reference_failed(job, reference_failed[0][0], reference_failed[0][1], outcome.records)

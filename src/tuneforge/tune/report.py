@@ -52,6 +52,7 @@ class SelectionReport:
     build_s: float = 0.0
     verify_s: float = 0.0
     bench_s: float = 0.0
+    startup_s: float = 0.0  # waiting for the benchmark worker to start
     statistic: str = "median"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -76,7 +77,9 @@ def format_table(report: SelectionReport, limit: int | None) -> str:
     else:
         mode = "SubProcess" if report.isolated else "SingleProcess"
         lines.append(f"{mode} AUTOTUNE benchmarking takes {report.verify_s + report.bench_s:.4f} seconds and "
-                     f"{report.build_s:.4f} seconds precompiling")
+                     f"{report.build_s:.4f} seconds precompiling" +
+                     (f", after {report.startup_s:.4f} seconds waiting for the benchmark worker to start"
+                      if report.startup_s >= 0.0005 else ""))
     lines += [f"AUTOTUNE confidence: {report.winner} {describe_confidence(entry)}"
               for entry in report.extra.get("confidence", [])]
     kept = report.extra.get("library_margin")
@@ -111,7 +114,7 @@ def append_log(report: SelectionReport) -> None:
         "time": time.time(), "op": report.op, "key": report.key, "inputs": report.inputs,
         "winner": report.winner, "source": report.source, "statistic": report.statistic,
         "build_s": round(report.build_s, 6), "verify_s": round(report.verify_s, 6),
-        "bench_s": round(report.bench_s, 6),
+        "bench_s": round(report.bench_s, 6), "startup_s": round(report.startup_s, 6),
         "choices": [{"name": r.name, "status": r.status, "time_ms": r.time_ms, "info": r.info,
                      "error": r.error[:500], "measured": r.measured} for r in report.rows],
         **report.extra,

@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -283,8 +284,9 @@ def _run_here(job: TrialJob, choices: Sequence[Choice], reference: Choice | None
 
 def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
                  on_record: Callable[[Record], None],
-                 main_names: Mapping[int, frozenset[str]] | None = None) -> tuple[float, float]:
-    """Run the trials of `choices` in the worker; returns (verify seconds, benchmark seconds).
+                 main_names: Mapping[int, frozenset[str]] | None = None) -> tuple[float, float, float]:
+    """Run the trials of `choices` in the worker; returns (verify seconds, benchmark seconds, seconds spent
+    waiting for a worker to start: the first selection of a process pays for its interpreter and imports).
 
     Choices the worker cannot receive (see `_route`) run in this process, after the others, unless
     the reference failed in the worker: then nothing could be verified, and a reference that crashed
@@ -301,7 +303,7 @@ def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
         try:
             remote, here, main = (([], list(choices), None) if _in_worker
                                   else _route(job, choices, reference, main_names))
-            verify_s, bench_s, unsent = _run_in_worker(job, remote, reference, main, record)
+            verify_s, bench_s, startup_s, unsent = _run_in_worker(job, remote, reference, main, record)
         except BaseException:
             _discard(job.device)  # interrupted or broken mid-job: never leave a worker running a kernel
             raise
@@ -311,27 +313,30 @@ def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
                                                 on_record)
         verify_s += here_verify_s
         bench_s += here_bench_s
-    return verify_s, bench_s
+    return verify_s, bench_s, startup_s
 
 
 def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice | None, main: dict[str, Any] | None,
-                   on_record: Callable[[Record], None]) -> tuple[float, float, list[Choice]]:
-    """The worker loop: (verify seconds, benchmark seconds, choices it could not take, to run here)."""
+                   on_record: Callable[[Record], None]) -> tuple[float, float, float, list[Choice]]:
+    """The worker loop: (verify seconds, benchmark seconds, seconds waiting for workers to start, choices it
+    could not take, to run here)."""
     timeout = config.get_float("autotune.bench_timeout_s")
     device, sent = job.device, job.for_worker()
     remaining = list(choices)
-    verify_s = bench_s = 0.0
+    verify_s = bench_s = startup_s = 0.0
     stalls = 0
     while remaining:
         if stalls >= 3:  # dying again and again between choices is the machinery's fault, not theirs
             raise RuntimeError("the benchmark worker died repeatedly before running a choice")
         before = len(remaining)
+        started = time.perf_counter()
         worker = _worker(device)
         problem = _load_main(worker, main) if main is not None else None
+        startup_s += time.perf_counter() - started
         if problem:  # it worked for an earlier worker: unlikely, and not the choices' fault
             warn_once(log, f"tune.runner:main:{problem}", "%s: the main script stopped importing in the benchmark "
                       "worker (%s); the remaining trials run in this process", job.name, problem)
-            return verify_s, bench_s, remaining
+            return verify_s, bench_s, startup_s, remaining
         worker.send(("job", sent, remaining, reference, settings_snapshot()))
         progress = _Progress()
         try:
@@ -360,7 +365,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                                   "trials (%s); they run in this process, where a crash or hang is not isolated. "
                                   "Define launchers, references and generators in an importable module to run "
                                   "them isolated", job.name, why)
-                        return verify_s, bench_s, remaining
+                        return verify_s, bench_s, startup_s, remaining
                     case JobFailed(error=error):
                         raise RuntimeError(f"benchmark worker failed: {error}")
                     case ContextLost(resume_at=resume_at, culprit=culprit, error=error, verify_s=verified,
@@ -380,7 +385,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
             _discard(device)
             remaining = _after_failure(job, remaining, progress, reference, "timeout", f"{timeout:g} s", on_record)
         stalls = stalls + 1 if remaining and len(remaining) == before else 0
-    return verify_s, bench_s, []
+    return verify_s, bench_s, startup_s, []
 
 
 @dataclass

@@ -258,6 +258,7 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     if found.outcome is not None:
         outcome = found.outcome
         report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
+        report.startup_s = outcome.startup_s
         report.isolated = outcome.isolated
     reporting.emit(report, benchmarked=bool(found.benchmarked))
     with _memo_lock:
@@ -344,11 +345,8 @@ def _measure_batch(key: str, choices: Sequence[Choice], reference: Choice | None
                           and found.records[c.hash_key].status == "ok" and c.name not in found.benchmarked]
     if found.outcome is None:
         found.outcome = outcome
-    else:  # a search measures in batches: the report shows their sums
-        found.outcome.build_s += outcome.build_s
-        found.outcome.verify_s += outcome.verify_s
-        found.outcome.bench_s += outcome.bench_s
-        found.outcome.isolated |= outcome.isolated
+    else:
+        found.outcome.add(outcome)
     found.source = "tuned"
 
 
