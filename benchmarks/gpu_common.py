@@ -172,14 +172,30 @@ COLUMNS = [  # header, field, width, format (empty: text)
 PHASES = ("build_s", "startup_s", "verify_s", "bench_s")
 
 
-def cold_phases(log_path: Path) -> Row | None:
-    """Where a cold selection's time went, from the last GEMM line of its autotune log (autotune.log): the
-    builds, the wait for the benchmark worker's start, checking and timing the choices."""
+def last_selection(log_path: Path) -> Row | None:
+    """The last GEMM selection in an autotune log (autotune.log: a JSON line per selection), or None."""
     if not log_path.exists():
         return None
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     gemm = [line for line in lines if "gemm" in str(line.get("op", ""))]
-    return {phase: float(gemm[-1].get(phase, 0.0)) for phase in PHASES} if gemm else None
+    return gemm[-1] if gemm else None
+
+
+def cold_phases(log_path: Path) -> Row | None:
+    """Where a cold selection's time went, from its autotune log: the builds, the wait for the benchmark
+    worker's start, checking and timing the choices."""
+    line = last_selection(log_path)
+    return {phase: float(line.get(phase, 0.0)) for phase in PHASES} if line else None
+
+
+def logged_pick(log_path: Path) -> str | None:
+    """The choice the selection picked, as its log names it: not always the fastest record, since a library call
+    keeps its place within autotune.library_margin."""
+    line = last_selection(log_path)
+    if not line or not line.get("winner"):
+        return None
+    kept = line.get("library_margin")
+    return str(line["winner"]) + (f" (kept ahead of {kept['over']}: library margin)" if kept else "")
 
 
 def isolation_ratios(row: Row) -> Row:
@@ -335,6 +351,7 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
                    "error": rel_error(torch, out, a, b)}
     if os.environ.get("TUNEFORGE_AUTOTUNE_LOG"):
         result["phases"] = cold_phases(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
+        result["pick"] = logged_pick(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
     if profiler is not None:  # where the first call's time went, in the children's log
         print(f"=== profile of tuneforge's first call ({task.get('what', '?')}, {shape_text(task['shape'])} "
               f"{task['dtype']}): {result['first_s'] * 1e3:.1f} ms, import {result['import_s'] * 1e3:.1f} ms")
@@ -378,11 +395,44 @@ def steady(torch: Any, task: Row, shape: Shape, dtype: Any, ours: Callable[[Any,
         if name in failures or not accurate(errors[name], task["dtype"]):
             failures.setdefault(name, f"wrong result: relative error {errors.get(name)}")
             del calls[name]
-    rounds: dict[str, list[float]] = {name: [] for name in calls}
-    for r in range(task["rounds"]):
-        for name in round_order(list(calls), r):
-            rounds[name].append(float(do_bench(calls[name], warmup=10, rep=task["rep_ms"], return_mode="median")))
-    return {"rounds": rounds, "errors": errors, "failures": failures}
+    for call in calls.values():  # warm-up: each system's first runs (allocator, clocks) are not timed
+        do_bench(call, warmup=10, rep=10)
+    estimate_ms = {name: float(do_bench(call, warmup=1, rep=20, return_mode="median")) for name, call in calls.items()}
+    count = interleaved_rounds(task["rounds"] * task["rep_ms"], max(estimate_ms.values(), default=1.0))
+    rounds = time_interleaved(torch, calls, count) if calls else {}
+    return {"rounds": rounds, "errors": errors, "failures": failures, "round_count": count}
+
+
+MIN_ROUNDS, MAX_ROUNDS = 30, 3000
+
+
+def interleaved_rounds(per_system_ms: float, slowest_ms: float) -> int:
+    """How many interleaved rounds give each system about `per_system_ms` of timed runs (the slowest sets it)."""
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, round(per_system_ms / max(slowest_ms, 1e-3))))
+
+
+def time_interleaved(torch: Any, calls: Mapping[str, Callable[[], Any]], count: int) -> dict[str, list[float]]:
+    """`count` rounds of one run of each system, in an order rotated from round to round (round_order), each run
+    behind an L2 flush and timed with its own CUDA events. A round's runs are next to each other on the GPU, so a
+    drift of its clock (an H100 at its power limit on 8192^3 throttles within tens of ms) hits the systems alike:
+    timed in blocks of tens of ms each (do_bench per system), the same cuBLAS call came out 3.5% apart."""
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # larger than any L2 so far (H200: 60 MiB)
+    event = torch.cuda.Event
+    names = list(calls)
+    timed: list[tuple[str, Any, Any]] = []
+    for r in range(count):
+        for name in round_order(names, r):
+            start, end = event(enable_timing=True), event(enable_timing=True)
+            flush.zero_()
+            start.record()
+            calls[name]()
+            end.record()
+            timed.append((name, start, end))
+    torch.cuda.synchronize()
+    rounds: dict[str, list[float]] = {name: [] for name in names}
+    for name, start, end in timed:
+        rounds[name].append(float(start.elapsed_time(end)))
+    return rounds
 
 
 def round_order(names: Sequence[str], r: int) -> list[str]:

@@ -11,8 +11,9 @@ For each shape and dtype, in processes of their own:
    writes to a Redis and one more process with empty local directories reads from it (fresh machine);
 3. steady state, in the warm tuneforge process after its first call: every result checked against a
    float32 product on fresh random inputs (relative Frobenius error), then cuBLAS, Inductor's compiled
-   function and tuneforge timed with triton.testing.do_bench (CUDA events, L2 flushed before each run,
-   median) in interleaved rounds; a ratio is the median of the per-round ratios.
+   function and tuneforge timed in interleaved rounds, one run of each system a round (CUDA events, the L2
+   flushed before each run, the order rotated from round to round); a ratio is the median of the per-round
+   ratios, a time the median of the system's runs.
 
 Each "fresh process" is a fork of this driver taken right after `import torch` (no CUDA, Triton,
 Inductor or tuneforge loaded yet): what a new process has after `import torch`, without paying the
@@ -49,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, as 
 from gpu_common import (
     DEFAULT_DTYPES,
     DTYPES,
+    MAX_ROUNDS,
+    MIN_ROUNDS,
     MODE,
     QUICK_SHAPES,
     SHAPES,
@@ -265,7 +268,7 @@ class Runner:
             warm = {**warm, **{key: retry[key] for key in ("rounds", "errors", "failures") if key in retry}}
             if "rounds" in retry:
                 warm["failures"] = {**warm["failures"], "tuneforge": "not timed: its process failed"}
-        row["winner"] = cold.get("winner") or warm.get("winner")
+        row["winner"] = cold.get("pick") or cold.get("winner") or warm.get("winner")
         row["entry"] = warm.get("entry") or cold.get("entry")
         if row["winner"] is None and "tuneforge_cold_s" in row:
             notes.append("TODO(lead): tuneforge left no record of its decision in its cache; expose the winner "
@@ -285,8 +288,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shapes", nargs="+", type=parse_shape, help="MxNxK shapes instead of the default 8")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=DEFAULT_DTYPES)
     parser.add_argument("--quick", action="store_true", help="2 shapes (4096^3, 3000x1000x700), the first dtype")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case")
-    parser.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's time per system and round")
+    parser.add_argument("--rounds", type=int, default=5, help="steady-state timing: --rounds x --rep-ms of runs "
+                        f"per system, in interleaved rounds of one run each ({MIN_ROUNDS}-{MAX_ROUNDS} rounds)")
+    parser.add_argument("--rep-ms", type=float, default=40.0, help="see --rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting measurements after this")
     parser.add_argument("--launch", choices=["fork", "spawn"], default="fork")

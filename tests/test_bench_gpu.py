@@ -185,6 +185,7 @@ def test_timed_runs_are_queued_in_parts_each_behind_a_hold(monkeypatch: pytest.M
     from tuneforge.tune import bench_gpu
 
     monkeypatch.setattr(bench_gpu, "_cycles_per_ms", {})
+    monkeypatch.setattr(bench_gpu, "_peak_cycles_per_ms", lambda index: None)  # the driver won't say
     fake = _Log()
     device = type("device", (), {"index": 0})()
     pairs = [(fake.cuda.Event(), fake.cuda.Event()) for _ in range(120)]
@@ -200,3 +201,17 @@ def test_timed_runs_are_queued_in_parts_each_behind_a_hold(monkeypatch: pytest.M
     assert runs == ["setup", "start", "run", "end"] * 120  # each run's setup before its start event
     first_part = fake.calls.index(holds[2])
     assert fake.calls[:first_part].count("run") == 50 and host_ms >= 0
+
+
+@pytest.mark.parametrize(("peak", "rate"), [(3_000_000.0, 3_000_000.0), (1_000_000.0, 2_000_000.0)])
+def test_a_hold_lasts_long_enough_at_the_clocks_peak(monkeypatch: pytest.MonkeyPatch, peak: float,
+                                                      rate: float) -> None:
+    """Calibrated at a lower clock than the peak (2M cycles a ms measured, 3M at the peak), a hold counts its
+    cycles at the peak's rate: the clock can only make it longer then, never shorter than the host needs."""
+    from tuneforge.tune import bench_gpu
+
+    monkeypatch.setattr(bench_gpu, "_cycles_per_ms", {})
+    monkeypatch.setattr(bench_gpu, "_peak_cycles_per_ms", lambda index: peak)
+    fake = _Log()
+    bench_gpu.hold(fake, type("device", (), {"index": 0})(), 4.0)
+    assert fake.calls[-1] == f"hold {int(4.0 * rate)}"

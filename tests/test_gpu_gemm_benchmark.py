@@ -78,6 +78,45 @@ def test_each_timing_round_starts_with_the_next_system() -> None:
     assert gc.round_order([], 2) == []
 
 
+def test_interleaved_rounds_give_each_system_its_time_within_bounds() -> None:
+    assert gc.interleaved_rounds(200.0, 2.0) == 100
+    assert gc.interleaved_rounds(200.0, 0.02) == gc.MAX_ROUNDS  # microsecond kernels: capped
+    assert gc.interleaved_rounds(200.0, 50.0) == gc.MIN_ROUNDS  # a slow system: still enough rounds for a median
+
+
+def test_interleaved_timing_flushes_before_each_run_and_rotates_the_order() -> None:
+    log: list[str] = []
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at = 0.0
+
+        def record(self) -> None:
+            self.at = clock[0]
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.at - self.at
+
+    class Flush:
+        def zero_(self) -> None:
+            log.append("flush")
+
+    fake = type("torch", (), {"int8": "int8", "empty": staticmethod(lambda *a, **k: Flush()),
+                              "cuda": type("cuda", (), {"Event": Event, "synchronize": staticmethod(lambda: None)})})
+
+    def system(name: str, ms: float) -> object:
+        def run() -> None:
+            log.append(name)
+            clock[0] += ms
+        return run
+
+    rounds = gc.time_interleaved(fake, {"cublas": system("cublas", 1.0), "tuneforge": system("tuneforge", 0.5)}, 3)
+    assert rounds == {"cublas": [1.0, 1.0, 1.0], "tuneforge": [0.5, 0.5, 0.5]}
+    assert log == ["flush", "cublas", "flush", "tuneforge", "flush", "tuneforge", "flush", "cublas",
+                   "flush", "cublas", "flush", "tuneforge"]
+
+
 def test_steady_summary_ratios_are_medians_of_per_round_ratios() -> None:
     rounds = {"cublas": [1.0, 2.0, 1.0], "inductor": [1.0, 1.0, 2.0], "tuneforge": [0.5, 1.0, 1.0]}
     out = gc.summarize_steady(rounds, (1024, 1024, 1024))
@@ -153,6 +192,17 @@ def test_cold_phases_come_from_the_last_gemm_line_of_the_autotune_log(tmp_path: 
     assert phases == {"build_s": 1.25, "startup_s": 0.5, "verify_s": 0.125, "bench_s": 0.75}
     log_path.write_text(json.dumps(lines[2]) + "\n")
     assert gc.cold_phases(log_path) is None  # no GEMM selection: nothing to show
+
+
+def test_the_pick_is_the_logged_winner_with_the_library_margin_named(tmp_path: Path) -> None:
+    log_path = tmp_path / "autotune.jsonl"
+    line = {"op": "gemm_cuda", "winner": "cublas", "library_margin": {"kept": "cublas", "over": "triton_mm_a",
+                                                                     "margin": 0.02}}
+    log_path.write_text(json.dumps({"op": "gemm_cuda", "winner": "triton_mm_b"}) + "\n" + json.dumps(line) + "\n")
+    assert gc.logged_pick(log_path) == "cublas (kept ahead of triton_mm_a: library margin)"
+    log_path.write_text(json.dumps({"op": "gemm_cuda", "winner": "triton_mm_b"}) + "\n")
+    assert gc.logged_pick(log_path) == "triton_mm_b"
+    assert gc.logged_pick(tmp_path / "missing.jsonl") is None
 
 
 def test_isolation_ratios_and_the_phases_table() -> None:

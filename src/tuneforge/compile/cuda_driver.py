@@ -125,6 +125,16 @@ def device_arch() -> str:
     return f"sm_{major.value}{minor.value}"
 
 
+def device_attribute(attribute: int, ordinal: int) -> int:
+    """cuDeviceGetAttribute of device `ordinal` (the driver's numbering, which is CUDA_VISIBLE_DEVICES' as
+    torch's is); needs no context."""
+    lib = driver()
+    device, value = ctypes.c_int(), ctypes.c_int()
+    check("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(device), ordinal), lib)
+    check("cuDeviceGetAttribute", lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, device), lib)
+    return value.value
+
+
 def _dims(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
     dims = (value,) if isinstance(value, int) else tuple(value)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 1 for d in dims):

@@ -51,6 +51,7 @@ _MAX_HOLD_MS = 100.0  # at most this long: `_HOLD_RUNS` runs of a slow host side
 _HOLD_RUNS = 50  # runs queued behind one hold: 50 runs of setup, flush, events and kernels fit the launch queue
 _CALIBRATION_CYCLES = 10_000_000  # ~5 ms at an H100's 1.98 GHz
 _cycles_per_ms: dict[int, float | None] = {}  # device index -> torch.cuda._sleep cycles per ms
+_ATTR_CLOCK_RATE = 13  # CU_DEVICE_ATTRIBUTE_CLOCK_RATE: the SM clock's peak, kHz
 _ROUND_BATCH_MS = 2.0  # each run's batch in a side-by-side round lasts about this long
 _DEFAULT_L2_BYTES = 50 * 2**20  # an H100's L2, when the device does not say
 _flush_buffers: dict[int, Any] = {}  # device index -> int8 tensor
@@ -91,9 +92,22 @@ def host_ahead_ms(host_ms: float, runs: int, gpu_ms: float = 0.0) -> float:
     return min(_MAX_HOLD_MS, max(0.0, 1.5 * host_ms - max(gpu_ms, 0.0)) * runs)
 
 
+def _peak_cycles_per_ms(index: int) -> float | None:
+    """The SM clock's peak on GPU `index`, in cycles a millisecond (its kHz); None where the driver won't say."""
+    from tuneforge.compile import cuda_driver
+
+    try:
+        return float(cuda_driver.device_attribute(_ATTR_CLOCK_RATE, index)) or None
+    except (cuda_driver.CudaError, OSError):
+        return None
+
+
 def _sleep_cycles_per_ms(torch: Any, device: Any) -> float | None:
-    """How many cycles of ``torch.cuda._sleep`` make a millisecond on `device`, measured once per process;
-    None where torch has no such kernel (then nothing is held)."""
+    """How many cycles of ``torch.cuda._sleep`` make at least a millisecond on `device`, whatever its clock
+    then: the higher of one measurement per process and the clock's peak. The sleep counts SM cycles, so at
+    a higher clock than measured at, a hold would end early, and the runs behind it be timed at the host's
+    pace again (seen on an H100: calibrated while its clock was still low, half of a test's runs were). None
+    where torch has no such kernel (then nothing is held)."""
     index = _device_index(torch, device)
     if index not in _cycles_per_ms:
         rate = None
@@ -108,7 +122,8 @@ def _sleep_cycles_per_ms(torch: Any, device: Any) -> float | None:
                 rate = _CALIBRATION_CYCLES / max(float(start.elapsed_time(end)), 1e-3)
             except Exception:  # a torch without a working _sleep: timed as before, at the host's pace
                 rate = None
-        _cycles_per_ms[index] = rate
+        peak = _peak_cycles_per_ms(index) if rate is not None else None
+        _cycles_per_ms[index] = max(rate, peak) if rate is not None and peak is not None else rate
     return _cycles_per_ms[index]
 
 
