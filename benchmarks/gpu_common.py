@@ -336,19 +336,26 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
         imported = time.perf_counter()
         fn: Callable[[Any, Any], Any] = tuneforge.gemm
         entry = "tuneforge.gemm"
+        resolved = time.perf_counter()
         try:
             out = fn(a, b)
         except (TypeError, NotImplementedError) as exc:  # not routed (yet): the direct entry, if there is one
             fn, entry = tuneforge_entry(exc)
             out = fn(a, b)
+        returned = time.perf_counter()
         torch.cuda.synchronize()
     except Exception as exc:
         return {"tuneforge_failed": one_line(exc)}, None
     finally:
         if profiler is not None:
             profiler.disable()
-    result: Row = {"first_s": time.perf_counter() - started, "import_s": imported - started, "entry": entry,
-                   "error": rel_error(torch, out, a, b)}
+    done = time.perf_counter()
+    # where a first call's time went: import tuneforge, resolve tuneforge.gemm (imports the op), the call until it
+    # returns, then the GPU finishing what it queued
+    steps = {"import_ms": imported - started, "resolve_ms": resolved - imported, "call_ms": returned - resolved,
+             "sync_ms": done - returned}
+    result: Row = {"first_s": done - started, "import_s": imported - started, "entry": entry,
+                   "error": rel_error(torch, out, a, b), "steps": {k: round(v * 1e3, 2) for k, v in steps.items()}}
     if os.environ.get("TUNEFORGE_AUTOTUNE_LOG"):
         result["phases"] = cold_phases(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
         result["pick"] = logged_pick(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
@@ -377,8 +384,9 @@ def steady(torch: Any, task: Row, shape: Shape, dtype: Any, ours: Callable[[Any,
     calls: dict[str, Callable[[], Any]] = {"cublas": lambda: torch.mm(a, b)}
     failures: dict[str, str] = {}
     try:
-        compiled = compile_mm(torch)
-        calls["inductor"] = lambda: compiled(a, b)
+        if not task.get("skip_inductor"):
+            compiled = compile_mm(torch)
+            calls["inductor"] = lambda: compiled(a, b)
     except Exception as exc:
         failures["inductor"] = one_line(exc)
     if ours is not None:

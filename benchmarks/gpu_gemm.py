@@ -234,10 +234,15 @@ class Runner:
                 if not accurate(result.get("error"), dtype):
                     notes.append(f"{what}: wrong result (relative error {result.get('error')})")
             unit = "s" if scale == 1 else "ms"
-            log(f"{label} {what}: " + (f"{row[field]:.3g} {unit}" if field in row else "failed"))
+            steps = result.get("steps")
+            if steps and scale != 1:  # a first call's steps (import, resolve, call, sync), for the warm ones
+                row[field.replace("_ms", "_steps")] = steps
+            log(f"{label} {what}: " + (f"{row[field]:.3g} {unit}" if field in row else "failed") +
+                (f" ({', '.join(f'{k} {v}' for k, v in steps.items())})" if steps and scale != 1 else ""))
 
-        first(self.run({**common, "kind": "inductor", "env": inductor_env}, "cold"), "Inductor cold",
-              "inductor_cold_s", 1.0)
+        if not self.args.skip_inductor:
+            first(self.run({**common, "kind": "inductor", "env": inductor_env}, "cold"), "Inductor cold",
+                  "inductor_cold_s", 1.0)
         cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote),
                          "what": "cold"}, "cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
@@ -250,8 +255,9 @@ class Runner:
             first(inproc, "tuneforge cold in-process", "inprocess_cold_s", 1.0)
             row["inprocess_phases"] = inproc.get("phases")
             row.update(isolation_ratios(row))
-        first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",
-              "inductor_warm_ms", 1e3)
+        if not self.args.skip_inductor:
+            first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",
+                  "inductor_warm_ms", 1e3)
         if remote:
             fresh = {**tf_env, **remote, "TUNEFORGE_CACHE_DIR": str(base / "fresh"),
                      "TRITON_CACHE_DIR": str(base / "fresh-triton")}
@@ -259,6 +265,7 @@ class Runner:
                   "tuneforge fresh machine + Redis",
                   "redis_warm_ms", 1e3)
         steady_task = {**common, "kind": "tuneforge", "env": tf_env, "steady": True, "inductor_env": inductor_env,
+                       "skip_inductor": self.args.skip_inductor,
                        "what": "warm",
                        "rounds": self.args.rounds, "rep_ms": self.args.rep_ms}
         warm = self.run(steady_task, "steady")
@@ -295,6 +302,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting measurements after this")
     parser.add_argument("--launch", choices=["fork", "spawn"], default="fork")
     parser.add_argument("--no-redis", action="store_true", help="skip the fresh-machine-with-Redis figure")
+    parser.add_argument("--skip-inductor", action="store_true",
+                        help="no Inductor (a quicker run: its cold and warm first calls take 15-20 s a case)")
     parser.add_argument("--in-process", action="store_true",
                         help="also tune each case cold with autotune.isolate off (isolation's overhead)")
     parser.add_argument("--profile", action="store_true",
