@@ -169,7 +169,7 @@ COLUMNS = [  # header, field, width, format (empty: text)
 ]
 
 
-PHASES = ("build_s", "startup_s", "verify_s", "bench_s")
+PHASES = ("build_s", "startup_s", "setup_s", "verify_s", "bench_s")
 
 
 def last_selection(log_path: Path) -> Row | None:
@@ -183,7 +183,7 @@ def last_selection(log_path: Path) -> Row | None:
 
 def cold_phases(log_path: Path) -> Row | None:
     """Where a cold selection's time went, from its autotune log: the builds, the wait for the benchmark
-    worker's start, checking and timing the choices."""
+    worker's start, the inputs and the reference's run, checking and timing the choices."""
     line = last_selection(log_path)
     return {phase: float(line.get(phase, 0.0)) for phase in PHASES} if line else None
 
@@ -200,20 +200,23 @@ def logged_pick(log_path: Path) -> str | None:
 
 def isolation_ratios(row: Row) -> Row:
     """The cold selection isolated against the same in the tuning process (autotune.isolate off): the whole first
-    call, and its trials alone (verify + bench, plus the wait for the worker where isolated)."""
+    call, and its trials alone (setup + verify + bench, plus the wait for the worker where isolated)."""
     ours, theirs = row.get("cold_phases"), row.get("inprocess_phases")
     out: Row = {}
     if row.get("tuneforge_cold_s") and row.get("inprocess_cold_s"):
         out["isolation_cold_ratio"] = row["tuneforge_cold_s"] / row["inprocess_cold_s"]
-    if ours and theirs and theirs["verify_s"] + theirs["bench_s"] > 0:
-        out["isolation_trials_ratio"] = ((ours["startup_s"] + ours["verify_s"] + ours["bench_s"]) /
-                                         (theirs["verify_s"] + theirs["bench_s"]))
+    if ours and theirs and _trials_s(theirs) > 0:
+        out["isolation_trials_ratio"] = (ours["startup_s"] + _trials_s(ours)) / _trials_s(theirs)
     return out
+
+
+def _trials_s(phases: Row) -> float:
+    return float(phases["setup_s"] + phases["verify_s"] + phases["bench_s"])
 
 
 def format_phases(rows: Sequence[Row]) -> str:
     """Cold tuning, where its time went; 'other': imports, choices, keys, records (the first call less the phases)."""
-    lines = ["cold tuning phases (s):    shape    dtype  first  build worker verify  bench  other | "
+    lines = ["cold tuning phases (s):    shape    dtype  first  build worker  setup verify  bench  other | "
              "in-process first  trials | isolated/in-process first trials"]
     for row in rows:
         phases = row.get("cold_phases")
@@ -221,7 +224,7 @@ def format_phases(rows: Sequence[Row]) -> str:
             continue
         other = (row["tuneforge_cold_s"] - sum(phases.values())) if row.get("tuneforge_cold_s") else None
         inproc = row.get("inprocess_phases") or {}
-        trials = inproc["verify_s"] + inproc["bench_s"] if inproc else None
+        trials = _trials_s(inproc) if inproc else None
         lines.append(f"{row['shape']:>32} {row['dtype']:>8} {fmt(row.get('tuneforge_cold_s'), '6.2f')} "
                      + " ".join(f"{phases[p]:6.2f}" for p in PHASES) + f" {fmt(other, '6.2f')} | "
                      f"{fmt(row.get('inprocess_cold_s'), '16.2f')} {fmt(trials, '7.2f')} | "

@@ -184,12 +184,13 @@ def test_table_has_a_line_per_case_and_dashes_for_missing_figures() -> None:
 def test_cold_phases_come_from_the_last_gemm_line_of_the_autotune_log(tmp_path: Path) -> None:
     log_path = tmp_path / "autotune.jsonl"
     assert gc.cold_phases(log_path) is None
-    lines = [{"op": "gemm_cuda", "build_s": 9.0, "startup_s": 9.0, "verify_s": 9.0, "bench_s": 9.0},
+    lines = [{"op": "gemm_cuda", "build_s": 9.0, "startup_s": 9.0, "setup_s": 9.0, "verify_s": 9.0, "bench_s": 9.0},
              {"op": "gemm_cuda", "build_s": 1.25, "startup_s": 0.5, "verify_s": 0.125, "bench_s": 0.75},
              {"op": "softmax", "build_s": 7.0, "verify_s": 7.0, "bench_s": 7.0}]
     log_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     phases = gc.cold_phases(log_path)
-    assert phases == {"build_s": 1.25, "startup_s": 0.5, "verify_s": 0.125, "bench_s": 0.75}
+    # a log line without a phase (setup_s: from an older tuneforge) shows it as 0
+    assert phases == {"build_s": 1.25, "startup_s": 0.5, "setup_s": 0.0, "verify_s": 0.125, "bench_s": 0.75}
     log_path.write_text(json.dumps(lines[2]) + "\n")
     assert gc.cold_phases(log_path) is None  # no GEMM selection: nothing to show
 
@@ -207,17 +208,18 @@ def test_the_pick_is_the_logged_winner_with_the_library_margin_named(tmp_path: P
 
 def test_isolation_ratios_and_the_phases_table() -> None:
     case = row(tuneforge_cold_s=4.0, inprocess_cold_s=2.5,
-               cold_phases={"build_s": 1.0, "startup_s": 1.5, "verify_s": 0.25, "bench_s": 0.75},
-               inprocess_phases={"build_s": 1.0, "startup_s": 0.0, "verify_s": 0.2, "bench_s": 0.6})
+               cold_phases={"build_s": 1.0, "startup_s": 1.5, "setup_s": 0.25, "verify_s": 0.25, "bench_s": 0.5},
+               inprocess_phases={"build_s": 1.0, "startup_s": 0.0, "setup_s": 0.2, "verify_s": 0.2, "bench_s": 0.6})
     ratios = gc.isolation_ratios(case)
     assert ratios["isolation_cold_ratio"] == pytest.approx(1.6)
-    assert ratios["isolation_trials_ratio"] == pytest.approx(2.5 / 0.8)  # waiting for the worker counts
+    assert ratios["isolation_trials_ratio"] == pytest.approx(2.5 / 1.0)  # waiting for the worker counts
     assert gc.isolation_ratios(row()) == {}  # not measured: no ratio
     lines = gc.format_phases([{**case, **ratios}, row()]).splitlines()
     assert len(lines) == 2  # a case without phases has no line
     cells = lines[1].replace("|", " ").split()
-    assert cells[:9] == ["4096x4096x4096", "bfloat16", "4.00", "1.00", "1.50", "0.25", "0.75", "0.50", "2.50"]
-    assert cells[9:] == ["0.80", "1.60", "3.12"]
+    assert cells[:10] == ["4096x4096x4096", "bfloat16", "4.00", "1.00", "1.50", "0.25", "0.25", "0.50", "0.50",
+                          "2.50"]
+    assert cells[10:] == ["1.00", "1.60", "2.50"]
 
 
 def test_results_go_to_the_folder_and_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,8 +19,8 @@ import tuneforge
 PACKAGE = Path(tuneforge.__file__).parent
 LAYERS = ("base", "store", "search", "compile", "tune", "kernels", "surface")
 PACKAGES = ("store", "search", "compile", "tune", "kernels")
-BASE = {"_version", "errors", "forksafe", "parsing", "settings_schema", "config", "config_values", "hashing", "cpuinfo",
-        "warn_once", "supervisor"}
+BASE = {"_version", "dataclass_lite", "errors", "forksafe", "parsing", "settings_schema", "config", "config_values",
+        "hashing", "cpuinfo", "warn_once", "supervisor"}
 
 
 def module_name(path: Path) -> str:

@@ -178,6 +178,8 @@ def test_verbose_table_and_json_log(tuning: Path, capsys: pytest.CaptureFixture[
     entry = json.loads(log.read_text().splitlines()[0])
     assert entry["op"] == "add" and entry["winner"] == "add" and entry["source"] == "tuned"
     assert {c["name"]: c["status"] for c in entry["choices"]}["add_raises"] == "runtime_error"
+    # where the time went: the inputs and the reference's run before the trials, then checking and timing
+    assert entry["setup_s"] > 0 and entry["verify_s"] > 0 and entry["bench_s"] > 0 and entry["startup_s"] == 0
 
 
 def test_fresh_process_with_warm_records_builds_and_benchmarks_nothing(tuning: Path,

@@ -18,11 +18,11 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneforge import config_values as _typed
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import ConfigError
 from tuneforge.settings_schema import SETTINGS, Setting
 

@@ -12,8 +12,10 @@ import functools
 import os
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from tuneforge.dataclass_lite import dataclass
 
 # Features that matter for generated kernels, under one spelling across architectures.
 _X86_FEATURES = {

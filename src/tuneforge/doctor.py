@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneforge import parsing
+from tuneforge.dataclass_lite import dataclass
 
 Parser = Callable[[str], Any]
 Validator = Callable[[Any], Any]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tuneforge.compile.pch import PROLOGUE
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import CompileError
 
 _PROTOTYPE = re.compile(r"^\s*(?P<ret>[A-Za-z_][\w\s\*]*?)\s*\b(?P<name>[A-Za-z_]\w*)\s*\((?P<args>[^()]*)\)\s*;?\s*$")

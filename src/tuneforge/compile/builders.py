@@ -10,9 +10,10 @@ imports its module, so a worker always knows every kind it is sent.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tuneforge.dataclass_lite import dataclass
 
 __all__ = ["Builder", "builder_for", "kinds", "register"]
 

@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +31,7 @@ from tuneforge.compile import builders, pch, split_module
 from tuneforge.compile.bindings import bindings_unit, module_source, parse_prototype
 from tuneforge.compile.failed import keep_failed, run_compiler
 from tuneforge.compile.toolchain import Toolchain, default_toolchain
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry

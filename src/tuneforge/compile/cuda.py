@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from tuneforge.compile.cpp import include_dir_digest
 from tuneforge.compile.cuda_driver import CudaError, CudaModule, current_context, device_arch, load_image
 from tuneforge.compile.cuda_toolchain import NVRTC_RUNNER, CudaToolchain, select_toolchain
 from tuneforge.compile.failed import keep_failed, run_compiler
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import CompileError
 from tuneforge.hashing import key_hash
 from tuneforge.store.artifacts import Entry

@@ -19,12 +19,13 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tuneforge import config
 from tuneforge.compile.toolchain import run_command, save_probe
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import ToolchainError
 from tuneforge.hashing import file_hash
 

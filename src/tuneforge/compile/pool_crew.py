@@ -25,7 +25,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_ready
 from multiprocessing.context import BaseContext
@@ -33,6 +32,7 @@ from multiprocessing.process import BaseProcess
 
 from tuneforge.compile.pool_task import Task
 from tuneforge.compile.pool_worker import BuildResult, serve
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import CompileError
 from tuneforge.supervisor import STOP_GRACE_S, Supervised, interrupts_held, kill_children, stop_all
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
 from typing import Any
 
 from tuneforge.compile.pool_worker import BuildResult
+from tuneforge.dataclass_lite import dataclass
 
 
 @dataclass(eq=False)

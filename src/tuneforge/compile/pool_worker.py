@@ -15,13 +15,13 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
 from tuneforge import config
 from tuneforge.compile.builders import builder_for
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.supervisor import STOP_GRACE_S, applied_settings, die_with_parent, ignore_interrupts, kill_children
 
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)

@@ -21,11 +21,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tuneforge import config, cpuinfo
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import ToolchainError
 from tuneforge.hashing import file_hash
 from tuneforge.parsing import DETECT_MARCH

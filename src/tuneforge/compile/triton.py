@@ -24,7 +24,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ from tuneforge.compile.triton_env import (
     resolve_target,
     resolved_options,
 )
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import CompileError
 from tuneforge.forksafe import ForkSafeLock
 from tuneforge.hashing import code_hash, key_hash

@@ -10,10 +10,10 @@ import functools
 import hashlib
 import os
 import subprocess
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TuneforgeError
 
 BACKENDS = ("cuda",)  # what the key knows how to identify (ptxas); hip would need its own toolchain identity

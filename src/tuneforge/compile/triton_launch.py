@@ -16,10 +16,10 @@ import functools
 import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tuneforge.compile import cuda_driver
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TuneforgeError
 from tuneforge.store.artifacts import Entry
 

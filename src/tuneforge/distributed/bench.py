@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import ray
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.kernels.jobs import ShapeJob
 from tuneforge.store.record import Record
 

@@ -20,11 +20,11 @@ import itertools
 import logging
 import pickle
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.distributed.cluster import Node, live_nodes, pinned
 
 log = logging.getLogger("tuneforge.distributed")

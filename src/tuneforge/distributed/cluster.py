@@ -11,11 +11,12 @@ import logging
 import os
 import socket
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tuneforge.dataclass_lite import dataclass
 
 log = logging.getLogger("tuneforge.distributed")
 

@@ -17,11 +17,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.distributed.bench import BenchActor, JobResult
 from tuneforge.distributed.builds import RayBuilds, planned_builds
 from tuneforge.distributed.cluster import Node, connect, groups, pinned, survey

@@ -10,9 +10,9 @@ into its selection again (choices are rebuilt where they run, never shipped)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.searched import SearchPlan
 from tuneforge.tune.select import Selection, select_detailed

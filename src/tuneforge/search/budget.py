@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from tuneforge.dataclass_lite import dataclass
 
 
 @dataclass(frozen=True)

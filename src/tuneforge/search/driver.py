@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.search.budget import Budget
 from tuneforge.search.space import Config, Space
 from tuneforge.search.strategy import FAILED, Strategy, cost_of

@@ -13,9 +13,9 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.search.budget import Budget
 from tuneforge.search.driver import SearchResult, search
 from tuneforge.search.registry import make

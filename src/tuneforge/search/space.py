@@ -18,9 +18,9 @@ import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TuneforgeError
 
 Config = dict[str, Any]

@@ -9,11 +9,12 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from tuneforge._version import __version__
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TuneforgeError
 from tuneforge.store.fsutil import copy_file, hash_file, tree_size, write_file
 

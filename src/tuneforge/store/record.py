@@ -19,10 +19,11 @@ import math
 import numbers
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TuneforgeError
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "STATUSES", "Record", "RecordError", "Status", "args_problem",

@@ -33,10 +33,10 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.parsing import mask_url_password
 from tuneforge.store.breaker import CircuitBreaker
 from tuneforge.store.record import Record

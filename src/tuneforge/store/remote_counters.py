@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+
+from tuneforge.dataclass_lite import dataclass
 
 
 @dataclass

@@ -19,11 +19,11 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store.record import Record, RecordError, read_records
 

@@ -13,9 +13,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.forksafe import ForkSafeLock
 from tuneforge.store.fsutil import LockTimeout, atomic_write, file_lock, is_readonly_error
 from tuneforge.warn_once import warn_once

@@ -11,12 +11,13 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 
 __all__ = ["STATISTICS", "Timing", "benchmark_cpu", "flush_last_level_cache"]
 

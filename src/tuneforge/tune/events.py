@@ -3,9 +3,9 @@ runner reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TypeAlias
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.store.record import Record
 
 # The events of a run of trials, in order: InputsReady once the example inputs exist, ReferenceRan once the
@@ -55,10 +55,15 @@ class ChoiceConfirmed:
 
 @dataclass(frozen=True)
 class TrialsDone:
-    """Every trial ran: seconds spent verifying and benchmarking."""
+    """Every trial ran: seconds spent verifying and benchmarking, and before those making the inputs and running
+    the reference (in a fresh worker: its CUDA context and first kernels too)."""
 
     verify_s: float
     bench_s: float
+    setup_s: float = 0.0
+
+    def plus(self, other: TrialsDone) -> TrialsDone:
+        return TrialsDone(self.verify_s + other.verify_s, self.bench_s + other.bench_s, self.setup_s + other.setup_s)
 
 
 Event: TypeAlias = InputsReady | ReferenceRan | ChoiceStarted | ChoiceResult | ChoiceConfirmed | TrialsDone

@@ -7,10 +7,11 @@ the benchmarking machinery.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TuneforgeError
 from tuneforge.store.record import Status
 from tuneforge.store.records import Record

@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import NoReturn
 
 from tuneforge import config
 from tuneforge.compile.pool import default_pool
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
@@ -36,7 +37,13 @@ class Outcome:
     verify_s: float = 0.0
     bench_s: float = 0.0
     startup_s: float = 0.0  # waiting for the benchmark worker to start (see runner.run_isolated)
+    setup_s: float = 0.0  # the trials' inputs and reference run (events.TrialsDone)
     isolated: bool = False
+
+    def add_trials(self, times: TrialsDone) -> None:
+        self.verify_s += times.verify_s
+        self.bench_s += times.bench_s
+        self.setup_s += times.setup_s
 
     def add(self, other: Outcome) -> None:
         """Another batch's times (a search measures in batches: its report shows their sums)."""
@@ -44,6 +51,7 @@ class Outcome:
         self.verify_s += other.verify_s
         self.bench_s += other.bench_s
         self.startup_s += other.startup_s
+        self.setup_s += other.setup_s
         self.isolated |= other.isolated
 
 
@@ -119,9 +127,8 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     if remote:
         from tuneforge.tune.runner import run_isolated
 
-        verify_s, bench_s, startup_s = run_isolated(job, remote, reference, record, main_names)
-        outcome.verify_s += verify_s
-        outcome.bench_s += bench_s
+        times, startup_s = run_isolated(job, remote, reference, record, main_names)
+        outcome.add_trials(times)
         outcome.startup_s += startup_s
         outcome.isolated = True
     if reference_failed:
@@ -131,8 +138,7 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             if isinstance(event, (ChoiceResult, ChoiceConfirmed)):
                 record(event.record)
             elif isinstance(event, TrialsDone):
-                outcome.verify_s += event.verify_s
-                outcome.bench_s += event.bench_s
+                outcome.add_trials(event)
 
         run_trials(job, local, reference, emit)
     if reference_failed:

@@ -19,8 +19,9 @@ import select
 import struct
 import time
 import types
-from dataclasses import dataclass
 from typing import Any
+
+from tuneforge.dataclass_lite import dataclass
 
 _HEADER = struct.Struct("<Q")
 

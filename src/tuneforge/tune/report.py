@@ -20,11 +20,12 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import IO, Any
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -53,6 +54,7 @@ class SelectionReport:
     verify_s: float = 0.0
     bench_s: float = 0.0
     startup_s: float = 0.0  # waiting for the benchmark worker to start
+    setup_s: float = 0.0  # the trials' inputs and reference run
     statistic: str = "median"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -115,6 +117,7 @@ def append_log(report: SelectionReport) -> None:
         "winner": report.winner, "source": report.source, "statistic": report.statistic,
         "build_s": round(report.build_s, 6), "verify_s": round(report.verify_s, 6),
         "bench_s": round(report.bench_s, 6), "startup_s": round(report.startup_s, 6),
+        "setup_s": round(report.setup_s, 6),
         "choices": [{"name": r.name, "status": r.status, "time_ms": r.time_ms, "info": r.info,
                      "error": r.error[:500], "measured": r.measured} for r in report.rows],
         **report.extra,

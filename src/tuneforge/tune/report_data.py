@@ -16,9 +16,10 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.store.record import Record
 from tuneforge.tune.searched import SEARCH_INFO
 

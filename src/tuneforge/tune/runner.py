@@ -35,10 +35,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.store.records import Record
 from tuneforge.supervisor import Supervised, interrupts_held, settings_snapshot, stop_all
 from tuneforge.tune.choices import Choice
@@ -269,24 +269,25 @@ def _route(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
 
 
 def _run_here(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
-              on_record: Callable[[Record], None]) -> tuple[float, float]:
-    times = [0.0, 0.0]
+              on_record: Callable[[Record], None]) -> TrialsDone:
+    times = [TrialsDone(0.0, 0.0)]
 
     def emit(event: Event) -> None:
         if isinstance(event, (ChoiceResult, ChoiceConfirmed)):
             on_record(event.record)
         elif isinstance(event, TrialsDone):
-            times[:] = [event.verify_s, event.bench_s]
+            times[0] = event
 
     run_trials(job, choices, reference, emit)
-    return times[0], times[1]
+    return times[0]
 
 
 def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
                  on_record: Callable[[Record], None],
-                 main_names: Mapping[int, frozenset[str]] | None = None) -> tuple[float, float, float]:
-    """Run the trials of `choices` in the worker; returns (verify seconds, benchmark seconds, seconds spent
-    waiting for a worker to start: the first selection of a process pays for its interpreter and imports).
+                 main_names: Mapping[int, frozenset[str]] | None = None) -> tuple[TrialsDone, float]:
+    """Run the trials of `choices` in the worker; returns their times (summed over the workers and this process)
+    and the seconds spent waiting for a worker to start (a process's first selection pays for its interpreter
+    and imports).
 
     Choices the worker cannot receive (see `_route`) run in this process, after the others, unless
     the reference failed in the worker: then nothing could be verified, and a reference that crashed
@@ -303,27 +304,24 @@ def run_isolated(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
         try:
             remote, here, main = (([], list(choices), None) if _in_worker
                                   else _route(job, choices, reference, main_names))
-            verify_s, bench_s, startup_s, unsent = _run_in_worker(job, remote, reference, main, record)
+            times, startup_s, unsent = _run_in_worker(job, remote, reference, main, record)
         except BaseException:
             _discard(job.device)  # interrupted or broken mid-job: never leave a worker running a kernel
             raise
     here_ids = {id(c) for c in [*here, *unsent]}
     if here_ids and not reference_failed:  # in the caller's order (library calls last, see measure)
-        here_verify_s, here_bench_s = _run_here(job, [c for c in choices if id(c) in here_ids], reference,
-                                                on_record)
-        verify_s += here_verify_s
-        bench_s += here_bench_s
-    return verify_s, bench_s, startup_s
+        times = times.plus(_run_here(job, [c for c in choices if id(c) in here_ids], reference, on_record))
+    return times, startup_s
 
 
 def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice | None, main: dict[str, Any] | None,
-                   on_record: Callable[[Record], None]) -> tuple[float, float, float, list[Choice]]:
-    """The worker loop: (verify seconds, benchmark seconds, seconds waiting for workers to start, choices it
-    could not take, to run here)."""
+                   on_record: Callable[[Record], None]) -> tuple[TrialsDone, float, list[Choice]]:
+    """The worker loop: (the trials' times, seconds waiting for workers to start, choices it could not take, to
+    run here)."""
     timeout = config.get_float("autotune.bench_timeout_s")
     device, sent = job.device, job.for_worker()
     remaining = list(choices)
-    verify_s = bench_s = startup_s = 0.0
+    times, startup_s = TrialsDone(0.0, 0.0), 0.0
     stalls = 0
     while remaining:
         if stalls >= 3:  # dying again and again between choices is the machinery's fault, not theirs
@@ -336,7 +334,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
         if problem:  # it worked for an earlier worker: unlikely, and not the choices' fault
             warn_once(log, f"tune.runner:main:{problem}", "%s: the main script stopped importing in the benchmark "
                       "worker (%s); the remaining trials run in this process", job.name, problem)
-            return verify_s, bench_s, startup_s, remaining
+            return times, startup_s, remaining
         worker.send(("job", sent, remaining, reference, settings_snapshot()))
         progress = _Progress()
         try:
@@ -355,9 +353,8 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                     case ChoiceConfirmed(record=result):  # re-timed (a near tie, the whole problem): replaces
                         on_record(result)
                         progress.current = None
-                    case TrialsDone(verify_s=verified, bench_s=benched):
-                        verify_s += verified
-                        bench_s += benched
+                    case TrialsDone():
+                        times = times.plus(event)
                         remaining = []
                         break
                     case JobUnreadable(why=why):  # the machinery failed, not a choice: never a crash record
@@ -365,15 +362,14 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
                                   "trials (%s); they run in this process, where a crash or hang is not isolated. "
                                   "Define launchers, references and generators in an importable module to run "
                                   "them isolated", job.name, why)
-                        return verify_s, bench_s, startup_s, remaining
+                        return times, startup_s, remaining
                     case JobFailed(error=error):
                         raise RuntimeError(f"benchmark worker failed: {error}")
                     case ContextLost(resume_at=resume_at, culprit=culprit, error=error, verify_s=verified,
                                      bench_s=benched):  # its record came first; the worker exits by itself
                         log.warning("%s: %s left the CUDA context of the benchmark worker unusable (%s); a fresh "
                                     "worker runs the remaining choices", job.name, culprit, error.partition("\n")[0])
-                        verify_s += verified
-                        bench_s += benched
+                        times = times.plus(TrialsDone(verified, benched))
                         _discard(device)
                         remaining = remaining[resume_at:]
                         break
@@ -385,7 +381,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
             _discard(device)
             remaining = _after_failure(job, remaining, progress, reference, "timeout", f"{timeout:g} s", on_record)
         stalls = stalls + 1 if remaining and len(remaining) == before else 0
-    return verify_s, bench_s, startup_s, []
+    return times, startup_s, []
 
 
 @dataclass

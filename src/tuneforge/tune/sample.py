@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from tuneforge.dataclass_lite import dataclass
 
 if TYPE_CHECKING:  # a selection answered from records reads SAMPLED without loading the benchmarking code
     from tuneforge.store.records import Record

@@ -21,10 +21,11 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.search import Budget, Space, make, search
 from tuneforge.search.driver import Prune
 from tuneforge.search.space import aligned, point_of, shared

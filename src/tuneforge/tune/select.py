@@ -19,10 +19,11 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tuneforge import config
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import ConfigError, NoValidChoicesError
 from tuneforge.store.default import default_records
 from tuneforge.store.fsutil import LockTimeout, file_lock
@@ -258,7 +259,7 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
     if found.outcome is not None:
         outcome = found.outcome
         report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
-        report.startup_s = outcome.startup_s
+        report.startup_s, report.setup_s = outcome.startup_s, outcome.setup_s
         report.isolated = outcome.isolated
     reporting.emit(report, benchmarked=bool(found.benchmarked))
     with _memo_lock:

@@ -12,10 +12,11 @@ import random
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from tuneforge.dataclass_lite import dataclass
 
 __all__ = ["InputGenerator", "TensorSpec", "example_input", "example_inputs", "key_of", "preserve_rng_state"]
 

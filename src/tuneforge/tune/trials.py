@@ -308,6 +308,7 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
                emit: Callable[[Event], None]) -> None:
     """Run every trial, reporting each event as it happens (the worker streams them to the parent)."""
     global _kept
+    started = time.perf_counter()
     trials = _trials_for(job, reference)
     if trials is None:
         trials = Trials(job, job.materialize())
@@ -316,6 +317,7 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
         trials.run_reference(reference)
     else:
         emit(InputsReady(False))
+    setup_s = time.perf_counter() - started
     emit(ReferenceRan(trials.reference_error))
     try:
         if trials.reference_error is not None:
@@ -331,7 +333,7 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
         trials.finish()
     if job.keep_inputs and job.live_args is None and trials.lost is None:
         _kept = trials
-    emit(TrialsDone(trials.verify_s, trials.bench_s))
+    emit(TrialsDone(trials.verify_s, trials.bench_s, setup_s))
 
 
 # A sampled job's problem is large (sample.py): its samples' runs last tens of milliseconds and vary little, so

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
 from tuneforge.tune.choices import Builder, ConfiguredChoice, completed_future, failed_future, key_value

@@ -11,12 +11,12 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tuneforge.cpuinfo import cpu_info
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.kernels.gemm import dispatch, torch_cpu
 from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
 from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, on_host_team, runtime_args, static_args

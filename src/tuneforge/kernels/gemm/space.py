@@ -10,11 +10,11 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from tuneforge import config
 from tuneforge.cpuinfo import CpuInfo, cpu_info
+from tuneforge.dataclass_lite import dataclass
 
 C_TYPES = {"float32": "float", "float64": "double"}
 COMPILE_PARAMS = ("T", "VEC_BYTES", "MR", "NV", "UNROLL", "LOOP", "NAME")  # see template.RUNTIME_PARAMS

@@ -17,10 +17,11 @@ import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from tuneforge.compile.triton_env import build_target
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.hashing import key_hash
 from tuneforge.kernels.gemm_gpu.render import (
     GRIDS,

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import TemplateError
 from tuneforge.kernels.gemm_gpu import templates
 from tuneforge.tune.template import KernelTemplate
@@ -135,8 +136,11 @@ def _normalized(kind: str, dtype: str, ep: Epilogue) -> Epilogue:
     return Epilogue(ep.bias, ep.beta, ep.activation, precision)
 
 
+_PLAIN = Epilogue()  # no bias, no beta, no activation
+
+
 @functools.lru_cache(maxsize=256)
-def render(kind: str, dtype: str, epilogue: Epilogue = Epilogue()) -> Rendered:
+def render(kind: str, dtype: str, epilogue: Epilogue = _PLAIN) -> Rendered:
     """The module source of one kernel, its name and its Triton signature."""
     if kind not in KINDS:
         raise TemplateError(f"unknown GEMM kernel kind {kind!r} (known: {', '.join(KINDS)})")

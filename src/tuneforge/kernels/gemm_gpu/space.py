@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
+from tuneforge.dataclass_lite import dataclass
 from tuneforge.kernels.gemm_gpu.render import DTYPES, Config, tiles
 
 # Registers a thread needs besides its fp32 accumulator fragment: operand fragments, addresses, loop state.
