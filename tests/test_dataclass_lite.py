@@ -132,10 +132,38 @@ def test_pickle_and_copy_round_trip() -> None:
         assert pickle.loads(pickle.dumps(obj)) == obj and copy.copy(obj) == obj and copy.deepcopy(obj) == obj
 
 
-def test_no_method_but_init_is_compiled_per_class() -> None:
-    """What makes the decorator cheap: __eq__, __hash__ and __repr__ are closures over shared code, and frozen
-    classes share one __setattr__; only __init__ (the standard decorator's) is generated per class."""
+def test_no_method_is_compiled_per_class() -> None:
+    """What makes the decorator cheap: the methods are closures over shared code, and frozen classes share one
+    __setattr__; the standard decorator would compile each from source it writes per class."""
+    assert Point.__init__.__code__ is Derived.__init__.__code__ is Bag.__init__.__code__
     assert Point.__eq__.__code__ is Derived.__eq__.__code__ is Bag.__eq__.__code__
     assert Point.__hash__.__code__ is Derived.__hash__.__code__  # type: ignore[union-attr]
     assert Point.__setattr__ is Derived.__setattr__ and Point.__delattr__ is Derived.__delattr__
-    assert Point.__init__.__code__ is not Derived.__init__.__code__
+    assert StdPoint.__init__.__code__ is not Point.__init__.__code__
+
+
+def test_init_argument_errors_name_the_argument() -> None:
+    with pytest.raises(TypeError, match="missing required argument: 'x'"):
+        Point()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'w'"):
+        Point(1, w=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="multiple values for argument 'x'"):
+        Point(1, x=2)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="takes 5 positional arguments but 6 were given"):
+        Point(1, 2, (), "n", "extra")  # type: ignore[call-arg]
+    assert Point(y=2, x=1) == Point(1, 2) and Point.__doc__ == "Point(x, y, tags, note)"
+
+
+def test_a_mutable_class_sets_its_fields_through_its_own_setattr() -> None:
+    seen: list[str] = []
+
+    @dataclass
+    class Watched:
+        a: int
+        b: int = 2
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            seen.append(name)
+            object.__setattr__(self, name, value)
+
+    assert Watched(1).b == 2 and seen == ["a", "b"]
