@@ -135,3 +135,19 @@ def test_a_decision_on_cuda_tensors_is_keyed_by_the_gpu(tuning: Path) -> None:
     what = {"autotune_key": repr(next(iter(twice.decisions)))}
     assert default_records().keys() == [fingerprint.selection_key(twice.name, what, gpu=0)]
     assert fingerprint.selection_key(twice.name, what, gpu=0) != fingerprint.selection_key(twice.name, what)
+
+
+def test_keys_are_the_same_by_position_or_by_name_and_arrays_key_by_layout() -> None:
+    from tuneforge.tune.autotune import Autotuner
+
+    def launcher(x: Any, n: int, out: Any = None, *, block: int = 1) -> None: ...
+
+    one = Autotuner._key_function(launcher, ["n"])
+    assert one((None, 8), {}) == one((None,), {"n": 8}) == (8,)
+    arrays = Autotuner._key_function(launcher, ["x"])
+    a = np.zeros((4, 6), dtype=np.float32)
+    assert arrays((a, 8), {}) == arrays((), {"x": np.ones((4, 6), dtype=np.float32)}) == (((4, 6), "float32", (24, 4)),)
+    assert arrays((a.T, 8), {}) != arrays((a, 8), {})  # another layout, another tuning
+    two = Autotuner._key_function(launcher, ["n", "x"])
+    assert two((a, 8), {}) == two((a,), {"n": 8}) == (8, ((4, 6), "float32", (24, 4)))
+    assert one(([1, 2], [3]), {}) == ("[3]",)  # anything else by its repr

@@ -71,9 +71,17 @@ class Autotuner:
         if unknown:
             raise ValueError(f"@autotune key names {unknown} are not parameters of {fn.__qualname__} ({params})")
         positions = [(params.index(n), n) for n in names]
+        if len(positions) == 1:  # the common case, made without a loop: every call builds its key
+            (index, name), = positions
+
+            def key_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                value = args[index] if index < len(args) else kwargs[name]
+                return (value if type(value) in _SCALARS else _normalise(value),)
+
+            return key_of_one
 
         def key_of_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return tuple(_normalise(args[i] if i < len(args) else kwargs[n]) for i, n in positions)
+            return tuple([_normalise(args[i] if i < len(args) else kwargs[n]) for i, n in positions])
 
         return key_of_call
 
