@@ -154,6 +154,13 @@ def test_init_argument_errors_name_the_argument() -> None:
     assert Point(y=2, x=1) == Point(1, 2) and Point.__doc__ == "Point(x, y, tags, note)"
 
 
+def test_the_class_signature_lists_the_init_fields_as_the_standard_one_does() -> None:
+    import inspect
+
+    assert str(inspect.signature(Point)) == str(inspect.signature(StdPoint))
+    assert str(inspect.signature(Bag)) == "(name: 'str', items: 'list[int]' = <factory>) -> None"
+
+
 def test_a_mutable_class_sets_its_fields_through_its_own_setattr() -> None:
     seen: list[str] = []
 

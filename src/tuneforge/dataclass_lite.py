@@ -75,6 +75,7 @@ def _process(cls: T, *, frozen: bool, eq: bool, repr: bool) -> T:
         cls.__doc__ = f"{cls.__name__}({', '.join(f.name for f in fields if f.init)})"
     if "__init__" not in own:
         cls.__init__ = _init_of(cls, fields, frozen)  # type: ignore[misc]
+        cls.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
     if repr and "__repr__" not in own:
         cls.__repr__ = _repr_of([f.name for f in fields if f.repr])  # type: ignore[assignment]
     if eq:
@@ -91,6 +92,29 @@ def _process(cls: T, *, frozen: bool, eq: bool, repr: bool) -> T:
 
 
 _UNSET = object()
+
+
+class _Factory:
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+class _Signature:
+    """``inspect.signature(cls)`` (help(), IDEs): the init fields, as the standard decorator's ``__init__`` shows
+    them; made when asked, since making it for every class would cost what the decorator saves."""
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        import inspect
+
+        kind, factory = inspect.Parameter.POSITIONAL_OR_KEYWORD, _Factory()
+        return inspect.Signature([
+            inspect.Parameter(f.name, kind, annotation=f.type, default=(
+                f.default if f.default is not dataclasses.MISSING else
+                factory if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty))
+            for f in dataclasses.fields(owner) if f.init], return_annotation=None)
+
+
+_SIGNATURE = _Signature()
 
 
 def _init_of(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -> Callable[..., None]:
