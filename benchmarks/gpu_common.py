@@ -111,8 +111,9 @@ TARGETS = [
     Target("cold tuning <= 2 s (slowest case)", "tuneforge_cold_s", 2.0, "max"),
     Target("warm first call <= 50 ms (slowest case)", "tuneforge_warm_ms", 50.0, "max"),
     Target("fresh machine, warm Redis <= 100 ms", "redis_warm_ms", 100.0, "max", optional=True),
-    # the trials' time isolated (waiting for the worker included) over the same trials in the tuning process
-    Target("isolation overhead <= 1.1x (trials)", "isolation_trials_ratio", 1.1, "max", optional=True),
+    # each choice's time as the benchmark worker measured it over the same choice's timed in the tuning process
+    # (the median over the choices; what isolation costs a selection's wall time is in the phases table)
+    Target("isolation overhead <= 1.1x (timings)", "isolation_timing_ratio", 1.1, "max", optional=True),
 ]
 
 
@@ -181,6 +182,14 @@ def last_selection(log_path: Path) -> Row | None:
     return gemm[-1] if gemm else None
 
 
+def choice_times(log_path: Path) -> dict[str, float] | None:
+    """Each choice's tuned time (ms) in the last GEMM selection of an autotune log."""
+    line = last_selection(log_path)
+    if not line:
+        return None
+    return {c["name"]: float(c["time_ms"]) for c in line.get("choices", []) if c.get("time_ms")}
+
+
 def cold_phases(log_path: Path) -> Row | None:
     """Where a cold selection's time went, from its autotune log: the builds, the wait for the benchmark
     worker's start, the inputs and the reference's run, checking and timing the choices."""
@@ -199,10 +208,15 @@ def logged_pick(log_path: Path) -> str | None:
 
 
 def isolation_ratios(row: Row) -> Row:
-    """The cold selection isolated against the same in the tuning process (autotune.isolate off): the whole first
-    call, and its trials alone (setup + verify + bench, plus the wait for the worker where isolated)."""
+    """The cold selection isolated against the same in the tuning process (autotune.isolate off): the choices'
+    timings (median ratio), the whole first call, and its trials alone (setup + verify + bench, plus the wait for
+    the worker where isolated)."""
     ours, theirs = row.get("cold_phases"), row.get("inprocess_phases")
     out: Row = {}
+    isolated, here = row.get("cold_times") or {}, row.get("inprocess_times") or {}
+    common = [name for name in isolated if name in here]
+    if common:
+        out["isolation_timing_ratio"] = statistics.median(isolated[n] / here[n] for n in common)
     if row.get("tuneforge_cold_s") and row.get("inprocess_cold_s"):
         out["isolation_cold_ratio"] = row["tuneforge_cold_s"] / row["inprocess_cold_s"]
     if ours and theirs and _trials_s(theirs) > 0:
@@ -361,6 +375,7 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
                    "error": rel_error(torch, out, a, b), "steps": {k: round(v * 1e3, 2) for k, v in steps.items()}}
     if os.environ.get("TUNEFORGE_AUTOTUNE_LOG"):
         result["phases"] = cold_phases(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
+        result["times"] = choice_times(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
         result["pick"] = logged_pick(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
     if profiler is not None:  # where the first call's time went, in the children's log
         print(f"=== profile of tuneforge's first call ({task.get('what', '?')}, {shape_text(task['shape'])} "

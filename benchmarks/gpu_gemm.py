@@ -246,14 +246,14 @@ class Runner:
         cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote),
                          "what": "cold"}, "cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
-        row["cold_phases"] = cold.get("phases")
+        row["cold_phases"], row["cold_times"] = cold.get("phases"), cold.get("times")
         if self.args.in_process:  # the same cold selection with its trials in the tuning process: isolation's cost
             inproc_env = {**tf_env, "TUNEFORGE_AUTOTUNE_ISOLATE": "0", "TUNEFORGE_CACHE_DIR": str(base / "inproc"),
                           "TRITON_CACHE_DIR": str(base / "inproc-triton"),
                           "TUNEFORGE_AUTOTUNE_LOG": str(base / "inproc.jsonl")}
             inproc = self.run({**common, "kind": "tuneforge", "env": inproc_env, "what": "cold in-process"}, "cold")
             first(inproc, "tuneforge cold in-process", "inprocess_cold_s", 1.0)
-            row["inprocess_phases"] = inproc.get("phases")
+            row["inprocess_phases"], row["inprocess_times"] = inproc.get("phases"), inproc.get("times")
             row.update(isolation_ratios(row))
         if not self.args.skip_inductor:
             first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",

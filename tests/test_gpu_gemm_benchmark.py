@@ -154,7 +154,8 @@ def test_targets_pass_fail_and_not_applicable() -> None:
     assert statuses([row(tuneforge_warm_ms=50.0)])[names[4]] == "PASS"
     assert statuses([row(tuneforge_warm_ms=50.1)])[names[4]] == "FAIL"
     assert statuses([row(redis_warm_ms=99.0)])[names[5]] == "PASS"
-    assert statuses([row(isolation_trials_ratio=1.12)])[names[6]] == "FAIL"
+    assert statuses([row(isolation_timing_ratio=1.12)])[names[6]] == "FAIL"
+    assert statuses([row(isolation_timing_ratio=1.01, isolation_trials_ratio=3.0)])[names[6]] == "PASS"
 
 
 def test_a_case_without_the_figure_fails_the_target() -> None:
@@ -179,6 +180,15 @@ def test_table_has_a_line_per_case_and_dashes_for_missing_figures() -> None:
     targets = gc.format_targets(gc.evaluate_targets([row(tuneforge_cold_s=3.0)]))
     assert "[FAIL] cold tuning" in targets and "[PASS] warm first call" in targets
     assert "tuneforge/Inductor 1.000x" in gc.format_geomeans(gc.geomeans([row()]))
+
+
+def test_choice_times_come_from_the_last_gemm_selection(tmp_path: Path) -> None:
+    log_path = tmp_path / "autotune.jsonl"
+    line = {"op": "gemm_cuda", "choices": [{"name": "cublas", "time_ms": 0.5}, {"name": "t1", "time_ms": None},
+                                           {"name": "t2", "time_ms": 0.25}]}
+    log_path.write_text(json.dumps(line) + "\n")
+    assert gc.choice_times(log_path) == {"cublas": 0.5, "t2": 0.25}  # a failed choice has no time
+    assert gc.choice_times(tmp_path / "missing.jsonl") is None
 
 
 def test_cold_phases_come_from_the_last_gemm_line_of_the_autotune_log(tmp_path: Path) -> None:
@@ -213,6 +223,9 @@ def test_isolation_ratios_and_the_phases_table() -> None:
     ratios = gc.isolation_ratios(case)
     assert ratios["isolation_cold_ratio"] == pytest.approx(1.6)
     assert ratios["isolation_trials_ratio"] == pytest.approx(2.5 / 1.0)  # waiting for the worker counts
+    timed = gc.isolation_ratios(row(cold_times={"cublas": 1.1, "t1": 2.0, "t2": 3.0, "only_here": 1.0},
+                                    inprocess_times={"cublas": 1.0, "t1": 2.0, "t2": 2.0}))
+    assert timed["isolation_timing_ratio"] == pytest.approx(1.1)  # the median of 1.1, 1.0 and 1.5
     assert gc.isolation_ratios(row()) == {}  # not measured: no ratio
     lines = gc.format_phases([{**case, **ratios}, row()]).splitlines()
     assert len(lines) == 2  # a case without phases has no line
