@@ -231,7 +231,7 @@ def _trials_s(phases: Row) -> float:
 def format_phases(rows: Sequence[Row]) -> str:
     """Cold tuning, where its time went; 'other': imports, choices, keys, records (the first call less the phases)."""
     lines = ["cold tuning phases (s):    shape    dtype  first  build worker  setup verify  bench  other | "
-             "in-process first  trials | isolated/in-process first trials"]
+             "in-process first  trials | isolated/in-process first trials | prepared first"]
     for row in rows:
         phases = row.get("cold_phases")
         if not phases:
@@ -243,7 +243,8 @@ def format_phases(rows: Sequence[Row]) -> str:
                      + " ".join(f"{phases[p]:6.2f}" for p in PHASES) + f" {fmt(other, '6.2f')} | "
                      f"{fmt(row.get('inprocess_cold_s'), '16.2f')} {fmt(trials, '7.2f')} | "
                      f"{fmt(row.get('isolation_cold_ratio'), '25.2f')} "
-                     f"{fmt(row.get('isolation_trials_ratio'), '6.2f')}")
+                     f"{fmt(row.get('isolation_trials_ratio'), '6.2f')} | "
+                     f"{fmt(row.get('prepared_cold_s'), '14.2f')}")
     return "\n".join(lines)
 
 
@@ -489,6 +490,11 @@ def child_main(task: Row) -> Row:
 
     if task["kind"] == "probe":
         return probe(torch)
+    if task.get("prepare_s"):  # a program that starts tuneforge's GPU worker, then does other work for a while
+        import tuneforge
+
+        tuneforge.prepare("cuda")
+        time.sleep(task["prepare_s"])
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference is a true float32 product
     m, n, k = task["shape"]
     shape: Shape = (m, n, k)

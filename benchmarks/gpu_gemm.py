@@ -247,6 +247,13 @@ class Runner:
                          "what": "cold"}, "cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
         row["cold_phases"], row["cold_times"] = cold.get("phases"), cold.get("times")
+        if self.args.prepared:  # the same cold selection in a program that called tuneforge.prepare("cuda") early
+            prepared_env = {**tf_env, "TUNEFORGE_CACHE_DIR": str(base / "prepared"),
+                            "TRITON_CACHE_DIR": str(base / "prepared-triton"),
+                            "TUNEFORGE_AUTOTUNE_LOG": str(base / "prepared.jsonl")}
+            first(self.run({**common, "kind": "tuneforge", "env": prepared_env, "what": "cold prepared",
+                            "prepare_s": self.args.prepared}, "cold"), "tuneforge cold, prepared", "prepared_cold_s",
+                  1.0)
         if self.args.in_process:  # the same cold selection with its trials in the tuning process: isolation's cost
             inproc_env = {**tf_env, "TUNEFORGE_AUTOTUNE_ISOLATE": "0", "TUNEFORGE_CACHE_DIR": str(base / "inproc"),
                           "TRITON_CACHE_DIR": str(base / "inproc-triton"),
@@ -302,6 +309,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting measurements after this")
     parser.add_argument("--launch", choices=["fork", "spawn"], default="fork")
     parser.add_argument("--no-redis", action="store_true", help="skip the fresh-machine-with-Redis figure")
+    parser.add_argument("--prepared", type=float, default=0.0, metavar="S",
+                        help="also tune each case cold in a program that called tuneforge.prepare('cuda') S seconds "
+                             "before (its other work)")
     parser.add_argument("--skip-inductor", action="store_true",
                         help="no Inductor (a quicker run: its cold and warm first calls take 15-20 s a case)")
     parser.add_argument("--in-process", action="store_true",

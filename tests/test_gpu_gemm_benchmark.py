@@ -232,7 +232,9 @@ def test_isolation_ratios_and_the_phases_table() -> None:
     cells = lines[1].replace("|", " ").split()
     assert cells[:10] == ["4096x4096x4096", "bfloat16", "4.00", "1.00", "1.50", "0.25", "0.25", "0.50", "0.50",
                           "2.50"]
-    assert cells[10:] == ["1.00", "1.60", "2.50"]
+    assert cells[10:] == ["1.00", "1.60", "2.50", "-"]  # no prepared run
+    prepared = gc.format_phases([{**case, **ratios, "prepared_cold_s": 2.25}]).splitlines()[1]
+    assert prepared.replace("|", " ").split()[-1] == "2.25"
 
 
 def test_results_go_to_the_folder_and_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

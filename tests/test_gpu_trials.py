@@ -292,3 +292,18 @@ def test_a_near_tie_on_a_gpu_is_timed_again_side_by_side(fresh_workers: Path) ->
     assert {r.method for r in records.values()} == {"cuda-events+l2flush+paired"}
     sure = [r.info["confidence"] for r in records.values() if "confidence" in r.info]
     assert len(sure) == 1 and sure[0][0]["rounds"] >= 5
+
+
+@pytest.mark.gpu
+def test_a_prepared_gpu_worker_has_its_cuda_context_before_the_first_job(fresh_workers: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import tuneforge
+
+    assert tuneforge.prepare("cuda", wait=True) is True
+    worker = runner._workers["cuda:0"]
+    assert worker.ready
+    job = job_of(*(gpu(0, n=1 << 20) for _ in range(3)))
+    records = run_isolated(job, [ExternChoice(torch_add)], reference=None)
+    assert records["torch_add"].status == "ok" and runner._workers["cuda:0"] is worker  # the prepared one ran it

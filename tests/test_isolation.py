@@ -228,3 +228,54 @@ def test_a_worker_whose_parent_is_gone_before_it_is_ready_exits_quietly() -> Non
     worker.stdin.close()
     assert worker.wait(timeout=60) == 0
     assert "Traceback" not in worker.stderr.read().decode(), "the worker printed a traceback"
+
+
+PREPARED = """
+    import json, time
+    import numpy as np
+    import tuneforge
+    from tuneforge import config
+    from tuneforge.tune.choices import ExternChoice
+    from tuneforge.tune.select import select_detailed
+    from tests import tuning_kernels as k
+    prepared = tuneforge.prepare("cpu", wait=True) if {prepare!r} else None
+    with config.patch(autotune_bench_time_s=0.01, autotune_warmup_s=0.0, autotune_force=True,
+                      autotune_log={log!r}):
+        s = select_detailed("prepared", [ExternChoice(k.add_slower), *k.crash_choices(["good"])],
+                            [np.ones(256), np.ones(256)], out=np.empty(256))
+    print(json.dumps({{"prepared": prepared, "isolated": s.report.isolated}}))
+"""
+
+
+def test_a_prepared_worker_is_not_waited_for(cache_dir: Path, tmp_path: Path) -> None:
+    """The choices built already (a first process), a fresh process's selection waits for its worker's start; with
+    tuneforge.prepare() called first, it waits for nothing."""
+    log = tmp_path / "selections.jsonl"
+
+    def startup_s(prepare: bool) -> float:
+        result = json.loads(run_python(PREPARED.format(prepare=prepare, log=str(log))).stdout.strip().splitlines()[-1])
+        assert result["isolated"] is True and result["prepared"] in (None, True)
+        return float(json.loads(log.read_text().splitlines()[-1])["startup_s"])
+
+    startup_s(False)  # builds the choices
+    assert startup_s(False) > 0.01  # nothing hides the worker's start
+    assert startup_s(True) < 0.005  # a dict lookup and a check that it lives
+
+
+def test_prepare_checks_the_device_and_starts_nothing_without_isolation(cache_dir: Path) -> None:
+    import pytest
+
+    import tuneforge
+    from tuneforge import config
+    from tuneforge.tune import runner
+
+    with pytest.raises(ValueError, match="'tpu'"):
+        tuneforge.prepare("tpu")
+    before = runner._workers.get("cpu")
+    with config.patch(autotune_isolate=False):
+        assert tuneforge.prepare("cpu") is False
+    assert runner._workers.get("cpu") is before
+    assert tuneforge.prepare("cpu") is True
+    worker = runner._workers["cpu"]
+    assert worker.alive() and tuneforge.prepare("cpu", wait=True) is True and runner._workers["cpu"] is worker
+    assert worker.ready

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tuneforge.store.shipped import load_bundle
     from tuneforge.tune.autotune import autotune
     from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
+    from tuneforge.tune.runner import prepare
     from tuneforge.tune.searched import SearchPlan
     from tuneforge.tune.select import Selection, select, select_detailed
     from tuneforge.tune.specs import TensorSpec
@@ -49,6 +50,7 @@ __all__ = [
     "cuda",
     "gemm",
     "load_bundle",
+    "prepare",
     "python",
     "select",
     "select_detailed",
@@ -64,7 +66,7 @@ _LAZY_NAMES = {
     "KernelTemplate": "tuneforge.tune.template", "gemm": "tuneforge.kernels.gemm",
     "load_bundle": "tuneforge.store.shipped", "TritonTemplate": "tuneforge.tune.triton_template",
     "TritonConfig": "tuneforge.tune.triton_template", "Budget": "tuneforge.search", "Space": "tuneforge.search",
-    "SearchPlan": "tuneforge.tune.searched",
+    "SearchPlan": "tuneforge.tune.searched", "prepare": "tuneforge.tune.runner",
 }
 
 

@@ -84,8 +84,9 @@ class WorkerProcess:
         self._write = self.proc.stdin.fileno()
         self._read = self.proc.stdout.fileno()
         cpus = list(config.get_ints("autotune.worker_cpus"))
-        send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus,
-                           "preload": [name for name in PRELOADED if name in sys.modules]})
+        gpu = device != "cpu"  # a GPU's worker needs torch, and makes its CUDA context before it says it is ready
+        send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus, "warm_cuda": gpu,
+                           "preload": [name for name in PRELOADED if gpu or name in sys.modules]})
         self.pid = self.proc.pid
         self.ready = False  # whether it said so (wait_ready)
         self.main_loaded = False  # whether this worker has imported the parent's main script
@@ -152,6 +153,36 @@ def prestart(device: str = "cpu") -> None:
         log.debug("could not start the benchmark worker ahead of the builds: %s", exc)
     finally:
         _lock.release()
+
+
+def prepare(device: str = "cpu", *, wait: bool = False) -> bool:
+    """Start the benchmark worker of `device` ("cpu", "cuda" for torch's current GPU, or "cuda:N") now, in the
+    background, so that a later selection that measures does not wait for it. A GPU's worker imports torch and
+    makes its CUDA context before it takes a job: 2-3.5 s that a program's first cold selection otherwise waits
+    for (an H100 host, torch 2.11), on top of its builds. `wait`: return once it is ready.
+
+    Returns whether a worker runs (or is starting) for that device; False with ``autotune.isolate`` off, where
+    trials run in the calling process and there is nothing to start.
+    """
+    from tuneforge.tune.device import cuda_index
+
+    if device == "cuda":
+        torch = sys.modules.get("torch")
+        device = f"cuda:{torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0}"
+    cuda_index(device)  # "cpu" or "cuda:N", else a ValueError naming it
+    if not config.get_bool("autotune.isolate") or _in_worker:
+        return False
+    with _lock:
+        worker = _workers.get(device)
+        if worker is None or not worker.alive():
+            worker = _workers[device] = WorkerProcess(device)
+        if wait:
+            try:
+                worker.wait_ready()
+            except BaseException:
+                _discard(device)
+                raise
+    return True
 
 
 def _discard(device: str = "cpu") -> None:
