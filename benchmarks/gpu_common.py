@@ -182,25 +182,22 @@ def last_selection(log_path: Path) -> Row | None:
     return gemm[-1] if gemm else None
 
 
-def choice_times(log_path: Path) -> dict[str, float] | None:
-    """Each choice's tuned time (ms) in the last GEMM selection of an autotune log."""
-    line = last_selection(log_path)
+def choice_times(line: Row | None) -> dict[str, float] | None:
+    """Each choice's tuned time (ms) in a selection's log line (last_selection)."""
     if not line:
         return None
     return {c["name"]: float(c["time_ms"]) for c in line.get("choices", []) if c.get("time_ms")}
 
 
-def cold_phases(log_path: Path) -> Row | None:
-    """Where a cold selection's time went, from its autotune log: the builds, the wait for the benchmark
-    worker's start, the inputs and the reference's run, checking and timing the choices."""
-    line = last_selection(log_path)
+def cold_phases(line: Row | None) -> Row | None:
+    """Where a cold selection's time went, from its log line (last_selection): the builds, the wait for the
+    benchmark worker's start, the inputs and the reference's run, checking and timing the choices."""
     return {phase: float(line.get(phase, 0.0)) for phase in PHASES} if line else None
 
 
-def logged_pick(log_path: Path) -> str | None:
-    """The choice the selection picked, as its log names it: not always the fastest record, since a library call
-    keeps its place within autotune.library_margin."""
-    line = last_selection(log_path)
+def logged_pick(line: Row | None) -> str | None:
+    """The choice the selection picked, as its log line names it: not always the fastest record, since a library
+    call keeps its place within autotune.library_margin."""
     if not line or not line.get("winner"):
         return None
     kept = line.get("library_margin")
@@ -375,9 +372,8 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
     result: Row = {"first_s": done - started, "import_s": imported - started, "entry": entry,
                    "error": rel_error(torch, out, a, b), "steps": {k: round(v * 1e3, 2) for k, v in steps.items()}}
     if os.environ.get("TUNEFORGE_AUTOTUNE_LOG"):
-        result["phases"] = cold_phases(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
-        result["times"] = choice_times(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
-        result["pick"] = logged_pick(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
+        line = last_selection(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
+        result["phases"], result["times"], result["pick"] = cold_phases(line), choice_times(line), logged_pick(line)
     if profiler is not None:  # where the first call's time went, in the children's log
         print(f"=== profile of tuneforge's first call ({task.get('what', '?')}, {shape_text(task['shape'])} "
               f"{task['dtype']}): {result['first_s'] * 1e3:.1f} ms, import {result['import_s'] * 1e3:.1f} ms")

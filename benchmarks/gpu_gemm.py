@@ -225,6 +225,11 @@ class Runner:
                   if self.redis_url else {})
         common: Row = {"shape": list(shape), "dtype": dtype, "seed": self.args.seed, "profile": self.args.profile}
 
+        def own_caches(name: str) -> dict[str, str]:
+            """tuneforge's environment with empty caches and an autotune log of its own, for a variant's run."""
+            return {**tf_env, "TUNEFORGE_CACHE_DIR": str(base / name), "TRITON_CACHE_DIR": str(base / f"{name}-triton"),
+                    "TUNEFORGE_AUTOTUNE_LOG": str(base / f"{name}.jsonl")}
+
         def first(result: Row, what: str, field: str, scale: float) -> None:
             failed = result.get("failed") or result.get("tuneforge_failed")
             if failed:
@@ -248,16 +253,11 @@ class Runner:
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
         row["cold_phases"], row["cold_times"] = cold.get("phases"), cold.get("times")
         if self.args.prepared:  # the same cold selection in a program that called tuneforge.prepare("cuda") early
-            prepared_env = {**tf_env, "TUNEFORGE_CACHE_DIR": str(base / "prepared"),
-                            "TRITON_CACHE_DIR": str(base / "prepared-triton"),
-                            "TUNEFORGE_AUTOTUNE_LOG": str(base / "prepared.jsonl")}
-            first(self.run({**common, "kind": "tuneforge", "env": prepared_env, "what": "cold prepared",
+            first(self.run({**common, "kind": "tuneforge", "env": own_caches("prepared"), "what": "cold prepared",
                             "prepare_s": self.args.prepared}, "cold"), "tuneforge cold, prepared", "prepared_cold_s",
                   1.0)
         if self.args.in_process:  # the same cold selection with its trials in the tuning process: isolation's cost
-            inproc_env = {**tf_env, "TUNEFORGE_AUTOTUNE_ISOLATE": "0", "TUNEFORGE_CACHE_DIR": str(base / "inproc"),
-                          "TRITON_CACHE_DIR": str(base / "inproc-triton"),
-                          "TUNEFORGE_AUTOTUNE_LOG": str(base / "inproc.jsonl")}
+            inproc_env = {**own_caches("inproc"), "TUNEFORGE_AUTOTUNE_ISOLATE": "0"}
             inproc = self.run({**common, "kind": "tuneforge", "env": inproc_env, "what": "cold in-process"}, "cold")
             first(inproc, "tuneforge cold in-process", "inprocess_cold_s", 1.0)
             row["inprocess_phases"], row["inprocess_times"] = inproc.get("phases"), inproc.get("times")
@@ -266,8 +266,7 @@ class Runner:
             first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",
                   "inductor_warm_ms", 1e3)
         if remote:
-            fresh = {**tf_env, **remote, "TUNEFORGE_CACHE_DIR": str(base / "fresh"),
-                     "TRITON_CACHE_DIR": str(base / "fresh-triton")}
+            fresh = {**own_caches("fresh"), **remote}
             first(self.run({**common, "kind": "tuneforge", "env": fresh, "what": "fresh machine + Redis"}, "warm"),
                   "tuneforge fresh machine + Redis",
                   "redis_warm_ms", 1e3)

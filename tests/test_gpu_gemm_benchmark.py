@@ -187,22 +187,22 @@ def test_choice_times_come_from_the_last_gemm_selection(tmp_path: Path) -> None:
     line = {"op": "gemm_cuda", "choices": [{"name": "cublas", "time_ms": 0.5}, {"name": "t1", "time_ms": None},
                                            {"name": "t2", "time_ms": 0.25}]}
     log_path.write_text(json.dumps(line) + "\n")
-    assert gc.choice_times(log_path) == {"cublas": 0.5, "t2": 0.25}  # a failed choice has no time
-    assert gc.choice_times(tmp_path / "missing.jsonl") is None
+    assert gc.choice_times(gc.last_selection(log_path)) == {"cublas": 0.5, "t2": 0.25}  # a failed choice has no time
+    assert gc.choice_times(gc.last_selection(tmp_path / "missing.jsonl")) is None
 
 
 def test_cold_phases_come_from_the_last_gemm_line_of_the_autotune_log(tmp_path: Path) -> None:
     log_path = tmp_path / "autotune.jsonl"
-    assert gc.cold_phases(log_path) is None
+    assert gc.cold_phases(gc.last_selection(log_path)) is None
     lines = [{"op": "gemm_cuda", "build_s": 9.0, "startup_s": 9.0, "setup_s": 9.0, "verify_s": 9.0, "bench_s": 9.0},
              {"op": "gemm_cuda", "build_s": 1.25, "startup_s": 0.5, "verify_s": 0.125, "bench_s": 0.75},
              {"op": "softmax", "build_s": 7.0, "verify_s": 7.0, "bench_s": 7.0}]
     log_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    phases = gc.cold_phases(log_path)
+    phases = gc.cold_phases(gc.last_selection(log_path))
     # a log line without a phase (setup_s: from an older tuneforge) shows it as 0
     assert phases == {"build_s": 1.25, "startup_s": 0.5, "setup_s": 0.0, "verify_s": 0.125, "bench_s": 0.75}
     log_path.write_text(json.dumps(lines[2]) + "\n")
-    assert gc.cold_phases(log_path) is None  # no GEMM selection: nothing to show
+    assert gc.cold_phases(gc.last_selection(log_path)) is None  # no GEMM selection: nothing to show
 
 
 def test_the_pick_is_the_logged_winner_with_the_library_margin_named(tmp_path: Path) -> None:
@@ -210,10 +210,10 @@ def test_the_pick_is_the_logged_winner_with_the_library_margin_named(tmp_path: P
     line = {"op": "gemm_cuda", "winner": "cublas", "library_margin": {"kept": "cublas", "over": "triton_mm_a",
                                                                      "margin": 0.02}}
     log_path.write_text(json.dumps({"op": "gemm_cuda", "winner": "triton_mm_b"}) + "\n" + json.dumps(line) + "\n")
-    assert gc.logged_pick(log_path) == "cublas (kept ahead of triton_mm_a: library margin)"
+    assert gc.logged_pick(gc.last_selection(log_path)) == "cublas (kept ahead of triton_mm_a: library margin)"
     log_path.write_text(json.dumps({"op": "gemm_cuda", "winner": "triton_mm_b"}) + "\n")
-    assert gc.logged_pick(log_path) == "triton_mm_b"
-    assert gc.logged_pick(tmp_path / "missing.jsonl") is None
+    assert gc.logged_pick(gc.last_selection(log_path)) == "triton_mm_b"
+    assert gc.logged_pick(gc.last_selection(tmp_path / "missing.jsonl")) is None
 
 
 def test_isolation_ratios_and_the_phases_table() -> None:

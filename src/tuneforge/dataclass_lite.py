@@ -107,29 +107,33 @@ class _Signature:
         import inspect
 
         kind, factory = inspect.Parameter.POSITIONAL_OR_KEYWORD, _Factory()
-        return inspect.Signature([
-            inspect.Parameter(f.name, kind, annotation=f.type, default=(
-                f.default if f.default is not dataclasses.MISSING else
-                factory if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty))
-            for f in dataclasses.fields(owner) if f.init], return_annotation=None)
+
+        def shown(default: tuple[bool, Any] | None) -> Any:
+            return inspect.Parameter.empty if default is None else factory if default[0] else default[1]
+
+        return inspect.Signature([inspect.Parameter(f.name, kind, annotation=f.type, default=shown(_default_of(f)))
+                                  for f in dataclasses.fields(owner) if f.init], return_annotation=None)
 
 
 _SIGNATURE = _Signature()
+
+
+def _default_of(f: dataclasses.Field[Any]) -> tuple[bool, Any] | None:
+    """None (no default), (False, value) or (True, factory)."""
+    if f.default is not dataclasses.MISSING:
+        return False, f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return True, f.default_factory
+    return None
 
 
 def _init_of(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -> Callable[..., None]:
     init_fields = [f for f in fields if f.init]
     names = tuple(f.name for f in init_fields)
     count, index = len(names), {name: i for i, name in enumerate(names)}
-    # per field: None (required), (False, value) or (True, factory)
-    defaults: list[tuple[bool, Any] | None] = [
-        (False, f.default) if f.default is not dataclasses.MISSING else
-        (True, f.default_factory) if f.default_factory is not dataclasses.MISSING else None for f in init_fields]
-    # fields with init=False: (name, (False, value) or (True, factory)); without a default they stay unset
-    rest: list[tuple[str, tuple[bool, Any]]] = [
-        (f.name, (False, f.default) if f.default is not dataclasses.MISSING else (True, f.default_factory))
-        for f in fields if not f.init and
-        (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
+    defaults = [_default_of(f) for f in init_fields]  # None: a required argument
+    # fields with init=False get their default; without one they stay unset
+    rest = [(f.name, default) for f in fields if not f.init and (default := _default_of(f)) is not None]
     post_init = hasattr(cls, "__post_init__")
     put = object.__setattr__ if frozen else setattr  # a mutable class's own __setattr__ sees its fields set
     where = f"{cls.__qualname__}.__init__()"

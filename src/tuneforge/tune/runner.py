@@ -128,10 +128,16 @@ _in_worker = False  # set in the benchmark worker itself: it never starts a work
 _main_problem: str | None = None  # why the worker cannot import this process's main script, once known
 
 
-def _worker(device: str = "cpu") -> WorkerProcess:
+def _started(device: str) -> WorkerProcess:
+    """The worker for `device`, started now if none runs (not waited for). Callers hold _lock."""
     worker = _workers.get(device)
     if worker is None or not worker.alive():
         worker = _workers[device] = WorkerProcess(device)
+    return worker
+
+
+def _worker(device: str = "cpu") -> WorkerProcess:
+    worker = _started(device)
     try:
         worker.wait_ready()
     except BaseException:
@@ -146,9 +152,7 @@ def prestart(device: str = "cpu") -> None:
     if _in_worker or not _lock.acquire(blocking=False):
         return
     try:
-        worker = _workers.get(device)
-        if worker is None or not worker.alive():
-            _workers[device] = WorkerProcess(device)
+        _started(device)
     except (OSError, RuntimeError) as exc:  # tried again, and reported, when a job needs it
         log.debug("could not start the benchmark worker ahead of the builds: %s", exc)
     finally:
@@ -164,24 +168,18 @@ def prepare(device: str = "cpu", *, wait: bool = False) -> bool:
     Returns whether a worker runs (or is starting) for that device; False with ``autotune.isolate`` off, where
     trials run in the calling process and there is nothing to start.
     """
-    from tuneforge.tune.device import cuda_index
+    from tuneforge.tune.device import _current_cuda_device, cuda_index
 
     if device == "cuda":
-        torch = sys.modules.get("torch")
-        device = f"cuda:{torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0}"
+        device = f"cuda:{_current_cuda_device()}"
     cuda_index(device)  # "cpu" or "cuda:N", else a ValueError naming it
     if not config.get_bool("autotune.isolate") or _in_worker:
         return False
     with _lock:
-        worker = _workers.get(device)
-        if worker is None or not worker.alive():
-            worker = _workers[device] = WorkerProcess(device)
         if wait:
-            try:
-                worker.wait_ready()
-            except BaseException:
-                _discard(device)
-                raise
+            _worker(device)
+        else:
+            _started(device)
     return True
 
 
