@@ -23,8 +23,8 @@ from typing import Any
 from tuneforge.errors import TuneforgeError
 from tuneforge.tune.specs import TensorSpec
 
-__all__ = ["STICKY_CUDA_ERRORS", "DeviceContextLost", "cuda_index", "is_sticky_cuda_error", "job_device",
-           "on_visible_gpu", "worker_env"]
+__all__ = ["STICKY_CUDA_ERRORS", "DeviceContextLost", "cuda_index", "current_cuda_device", "is_sticky_cuda_error",
+           "job_device", "on_visible_gpu", "worker_env"]
 
 # The driver's names (cuda-python, tuneforge.cuda's CudaError: "cuLaunchKernel failed: CUDA_ERROR_...") and
 # the runtime's descriptions (torch: "CUDA error: <description>"; Triton: "Triton Error [CUDA]: <description>")
@@ -75,7 +75,7 @@ class DeviceContextLost(TuneforgeError, RuntimeError):
         self.verify_s, self.bench_s = verify_s, bench_s
 
 
-def _current_cuda_device() -> int:
+def current_cuda_device() -> int:
     """torch's current device where CUDA is already initialised here; else 0, which it would be."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
@@ -109,7 +109,7 @@ def job_device(values: Iterable[Any]) -> str:
         if kind != "cuda":
             raise ValueError(f"argument {position} is on device {kind!r}: tuneforge times choices on the CPU "
                              "and on CUDA GPUs only")
-        device = f"cuda:{_current_cuda_device() if index is None else index}"
+        device = f"cuda:{current_cuda_device() if index is None else index}"
         found.setdefault(device, f"argument {position}")
     if len(found) > 1:
         raise ValueError("the arguments of one selection are on different GPUs (" +

@@ -168,10 +168,10 @@ def prepare(device: str = "cpu", *, wait: bool = False) -> bool:
     Returns whether a worker runs (or is starting) for that device; False with ``autotune.isolate`` off, where
     trials run in the calling process and there is nothing to start.
     """
-    from tuneforge.tune.device import _current_cuda_device, cuda_index
+    from tuneforge.tune.device import cuda_index, current_cuda_device
 
     if device == "cuda":
-        device = f"cuda:{_current_cuda_device()}"
+        device = f"cuda:{current_cuda_device()}"
     cuda_index(device)  # "cpu" or "cuda:N", else a ValueError naming it
     if not config.get_bool("autotune.isolate") or _in_worker:
         return False
