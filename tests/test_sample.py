@@ -199,3 +199,28 @@ def test_sampled_gemm_tuning_is_right_and_picks_a_whole_timing(tuning: Path, mon
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.median_ms)
     assert ok and SAMPLED not in ok[0].method  # the fastest record, the pick's, was timed on the whole
 
+
+
+def long_copy(x: np.ndarray, out: np.ndarray) -> None:  # 60 ms a run, whatever the rows
+    _seen("long_copy", x)
+    time.sleep(0.06)
+    np.copyto(out, x)
+
+
+def test_a_check_that_lasted_max_bench_s_is_the_timing(tuning: Path) -> None:
+    """An unsampled choice whose checked run alone lasted autotune.max_bench_s is not run again to be timed (a large
+    library call's second run was a quarter of a cold tuning); a shorter check is followed by timed runs."""
+    x = np.ones((ROWS, 8))
+    choices = [ExternChoice(long_copy), ExternChoice(copy)]  # copy: 4 ms, far ahead of the reference's 60
+    with config.patch(autotune_max_bench_s=0.05):
+        selection = select_detailed("rows", choices, [x], out=np.empty_like(x))
+    timed = {r.choice_name: r.count for r in default_records().get(selection.key)}
+    assert selection.choice.name == "copy"
+    assert len(rows_seen["long_copy"]) == 1 and timed["long_copy"] == 1  # the reference's run: check and timing
+    assert timed["copy"] >= 3 and len(rows_seen["copy"]) == 1 + timed["copy"]  # its check, then timed runs
+    rows_seen.clear()
+    clear_memo()
+    with config.patch(autotune_max_bench_s=0.5):  # a check shorter than the cap: timed runs follow it
+        selection = select_detailed("rows2", choices, [x], out=np.empty_like(x))
+    timed = {r.choice_name: r.count for r in default_records().get(selection.key)}
+    assert timed["long_copy"] >= 2 and len(rows_seen["long_copy"]) >= 2

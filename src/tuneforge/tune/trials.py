@@ -188,12 +188,16 @@ class Trials:
             if self.job.device == "cpu":
                 # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
                 # max_bench_s, which such effects hardly change
-                counted = not whole or checked_ns >= config.get_float("autotune.max_bench_s") * 1e9
+                long_check = checked_ns >= config.get_float("autotune.max_bench_s") * 1e9
+                counted = not whole or long_check
+                # An unsampled choice whose check alone lasted max_bench_s is timed by it: a 4096^3 library call's
+                # second run was a quarter of that shape's cold tuning, and long runs vary little.
                 timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=not cold,
                                        abandon_ms=None if abandon is None else abandon / factor,
                                        first_ns=checked_ns if counted else None,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
-                                       WHOLE_REPEATS if whole else SAMPLE_REPEATS if factor != 1.0 else None)
+                                       WHOLE_REPEATS if whole or (long_check and factor == 1.0) else
+                                       SAMPLE_REPEATS if factor != 1.0 else None)
                 if budget_s is not None:
                     timing = dataclasses.replace(timing, method=timing.method + "+screened")
             else:
