@@ -178,6 +178,25 @@ def test_seeds_are_reproducible_and_distinct() -> None:
     assert not np.array_equal(a, b)
 
 
+def test_large_float_inputs_are_drawn_in_parts_alike_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From PARALLEL_DRAW_FROM values on, floats are drawn in a fixed number of parts, each its own stream, on
+    threads: the values do not depend on the core count, the parts do not repeat one another, and the seed
+    still decides them."""
+    from tuneforge.tune import specs
+
+    monkeypatch.setattr(specs, "PARALLEL_DRAW_FROM", 1000)
+    spec = TensorSpec.contiguous((4000,), "float32")
+    drawn = example_input(spec, seed=7)
+    monkeypatch.setattr(specs.os, "cpu_count", lambda: 1)
+    assert np.array_equal(drawn, example_input(spec, seed=7))  # one thread: the same values
+    assert not np.array_equal(drawn, example_input(spec, seed=8))
+    parts = drawn.reshape(specs.PARTS, -1)
+    assert len({part.tobytes() for part in parts}) == specs.PARTS  # no two parts alike
+    assert len(np.unique(drawn)) > 3900 and 0.8 < float(drawn.std()) < 1.2
+    wide = example_input(TensorSpec.contiguous((4000,), "float64"), seed=7)
+    assert wide.dtype == np.float64 and np.array_equal(wide, drawn.astype(np.float64))
+
+
 def test_global_rng_state_unchanged() -> None:
     np.random.seed(1234)
     random.seed(99)
