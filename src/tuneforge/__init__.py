@@ -15,6 +15,7 @@ from tuneforge.errors import CompileError, ConfigError, NoValidChoicesError, Tem
 if TYPE_CHECKING:
     from tuneforge import cpp, cuda, python
     from tuneforge.kernels.gemm import gemm
+    from tuneforge.kernels.gemm.packed import PackedB, pack_b
     from tuneforge.search import Budget, Space
     from tuneforge.store.shipped import load_bundle
     from tuneforge.tune.autotune import autotune
@@ -35,6 +36,7 @@ __all__ = [
     "ExternChoice",
     "KernelTemplate",
     "NoValidChoicesError",
+    "PackedB",
     "SearchPlan",
     "Selection",
     "Space",
@@ -50,6 +52,7 @@ __all__ = [
     "cuda",
     "gemm",
     "load_bundle",
+    "pack_b",
     "prepare",
     "python",
     "select",
@@ -67,6 +70,7 @@ _LAZY_NAMES = {
     "load_bundle": "tuneforge.store.shipped", "TritonTemplate": "tuneforge.tune.triton_template",
     "TritonConfig": "tuneforge.tune.triton_template", "Budget": "tuneforge.search", "Space": "tuneforge.search",
     "SearchPlan": "tuneforge.tune.searched", "prepare": "tuneforge.tune.runner",
+    "pack_b": "tuneforge.kernels.gemm.packed", "PackedB": "tuneforge.kernels.gemm.packed",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -64,7 +65,7 @@ def choices(problem: Problem, space: str = "default", library: str = "numpy") ->
     return [reference, *TEMPLATE.choices(configs), *SMALL_M.choices(few_rows)]
 
 
-def _check(a: Any, b: Any, out: Any, bias: Any) -> None:
+def check_operands(a: Any, b: Any, out: Any, bias: Any) -> None:
     if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
         raise TypeError("gemm takes numpy arrays")
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
@@ -77,7 +78,7 @@ def _check(a: Any, b: Any, out: Any, bias: Any) -> None:
         raise ValueError(f"bias must be {a.dtype}[{b.shape[1]}], got {bias.dtype}{list(bias.shape)}")
 
 
-def _usable(arr: Any) -> Any:
+def usable(arr: Any) -> Any:
     """The kernels take any positive element strides; other layouts are copied once."""
     if all(s >= 0 and s % arr.itemsize == 0 for s in arr.strides):
         return arr
@@ -149,6 +150,8 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     torch.matmul, for torch tensors; such layouts stay off the C path, which keys numpy arrays)."""
     if not isinstance(a, np.ndarray) and _on_cuda(a):  # straight to the GPU op: no numpy attempt, no exception
         return _gemm_cuda(a, b, out, alpha, beta, bias, space)
+    if not isinstance(b, np.ndarray) and hasattr(b, "_tuneforge_gemm_"):  # B packed ahead (packed.py)
+        return b._tuneforge_gemm_(a, out, alpha, beta, bias, space)
     if not isinstance(a, np.ndarray) and torch_cpu.is_torch_cpu(a):
         fresh = None if out is not None or beta != 0 else torch_cpu.fresh_output(a, b, bias)
         if fresh is not None:  # nothing can overlap a new output: the per-layout call on the tensors
@@ -171,11 +174,11 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     except AttributeError:  # not arrays: CUDA tensors go to the GPU op; for others the checks name the problem
         if _on_cuda(a):
             return _gemm_cuda(a, b, out, alpha, beta, bias, space)
-        _check(a, b, out, bias)
+        check_operands(a, b, out, bias)
         raise
     prepared = _dispatch.get(key)
     if prepared is None:
-        _check(a, b, out, bias)
+        check_operands(a, b, out, bias)
         prepared = _tune(key, a, b, out, beta, bias, space, library)
     elif key not in _registered and library == "numpy":  # a layout called again: worth the C path
         if dispatch.loaded() is not None:
@@ -358,8 +361,8 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
         prepared = _dispatch.get(key)
         if prepared is not None:
             return prepared
-        a_t, b_t = _usable(a), _usable(b)
-        out_t = out if _usable(out) is out else np.empty(out.shape, out.dtype)
+        a_t, b_t = usable(a), usable(b)
+        out_t = out if usable(out) is out else np.empty(out.shape, out.dtype)
         bias_t = None if bias is None else np.ascontiguousarray(bias)
         problem = Problem(a.shape[0], b.shape[1], a.shape[1], a.dtype.name)
         candidates = choices(problem, space, library)
@@ -423,8 +426,8 @@ def _register(key: tuple[Any, ...], prepared: Prepared, a: Any, b: Any, out: Any
 
 def _with_copies(inner: Call) -> Call:
     def call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
-        target = out if _usable(out) is out else np.array(out, order="C")
-        inner(alpha, beta, _usable(a), _usable(b), target, None if bias is None else np.ascontiguousarray(bias))
+        target = out if usable(out) is out else np.array(out, order="C")
+        inner(alpha, beta, usable(a), usable(b), target, None if bias is None else np.ascontiguousarray(bias))
         if target is not out:
             out[...] = target
 
@@ -433,6 +436,9 @@ def _with_copies(inner: Call) -> Call:
 
 def clear_dispatch() -> None:
     """Forget the prepared calls (decisions stay in the record database)."""
+    packed = sys.modules.get("tuneforge.kernels.gemm.packed")  # loaded only by a program that packed a B
+    if packed is not None:
+        packed.clear()
     with _lock:
         _dispatch.clear()
         _registered.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,52 @@ def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
     kernel(*static_args(a, b, out, config), float(alpha), float(beta), a, b, out, bias)
 
 
+# Mode bits of a B packed ahead of the calls (kernel.cpp.j2's pack_b_whole): a call reads B packed whole (32), or
+# makes no product and packs B whole into c (64).
+PREPACKED, PACK_ONLY = 32, 64
+
+
+def pack_layout(config: Mapping[str, Any], itemsize: int) -> tuple[int, int]:
+    """What B packed whole depends on besides B: the register tile's width in elements (NR) and the k-block (KC)."""
+    return int(config["NV"]) * int(config["VEC_BYTES"]) // itemsize, int(config["KC"])
+
+
+def pack_whole(kernel: Any, b: Any, config: Mapping[str, Any]) -> Any:
+    """B packed whole for `config`'s calls with mode bit PREPACKED, by the compiled kernel: a new 1-D array of
+    round_up(N, NR) * K elements."""
+    import numpy as np
+
+    (k, n), (nr, kc) = b.shape, pack_layout(config, b.itemsize)
+    packed = np.empty(-(-n // nr) * nr * k, dtype=b.dtype)
+    kernel(0, n, k, 0, 1, *element_strides(b), 0, 1, 0, kc, 0, 1, PACK_ONLY, 1.0, 0.0, b, b, packed, None)
+    return packed
+
+
+# While tuning, each B array's packs, by pack_layout: configurations that share a layout share a pack, and a timed
+# run never packs. Kept while the array lives (the trials' arguments), and only for it (a weak reference is checked).
+_tuning_packs: dict[int, tuple[weakref.ReferenceType[Any], dict[tuple[int, int], Any]]] = {}
+
+
+def _forget(key: int) -> None:
+    _tuning_packs.pop(key, None)
+
+
+def launch_packed(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
+    """Call a compiled configuration with B packed whole (packed on its first call for this B, untimed after)."""
+    a, b, alpha, beta, bias, out = args
+    entry = _tuning_packs.get(id(b))
+    if entry is None or entry[0]() is not b:
+        entry = _tuning_packs[id(b)] = (weakref.ref(b), {})
+        weakref.finalize(b, _forget, id(b))
+    packs = entry[1]
+    layout = pack_layout(config, b.itemsize)
+    packed = packs.get(layout)
+    if packed is None:
+        packed = packs[layout] = pack_whole(kernel, b, config)
+    *head, mode = static_args(a, b, out, config)
+    kernel(*head, mode | PREPACKED, float(alpha), float(beta), a, packed, out, bias)
+
+
 def sample_rows(config: Mapping[str, Any], rows: int, total: int) -> int:
     """The rows a configuration runs on when a selection samples the problem (tune/sample.py): whole M blocks,
     as many for each thread where the threads split M (par 0), so that the sample runs every block, and shares
@@ -86,6 +133,12 @@ TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
                           runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
                           describe=describe, sample_rows=sample_rows)
+
+# The same kernels, called with B packed whole ahead of time (tuneforge.pack_b): the same builds serve both.
+PACKED = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
+                        signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch_packed,
+                        runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
+                        describe=describe, sample_rows=sample_rows)
 
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
 SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
