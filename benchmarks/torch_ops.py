@@ -4,8 +4,9 @@
    calling the tuned layout's kernel directly (``gemm_into`` into a new matrix), timed side by side. In the graph,
    per product: (a chain of L products compiled - a trivial compiled graph - L direct calls) / L.
 2. MLP (3 linear layers, ReLU between, inference steps) in fresh processes: torch.compile(mode="max-autotune")
-   against tuneforge's ops, under Inductor (MatmulRouter) and under tuneforge's light backend: steady step time,
-   and time from process start to the first compiled step, cold (empty Inductor and tuneforge caches) and warm.
+   against tuneforge's ops, under Inductor (MatmulRouter), under tuneforge's light backend, and under the light
+   backend with the weights packed once (tuneforge.torch.pack_linears): steady step time, and time from process
+   start to the first compiled step, cold (empty Inductor and tuneforge caches) and warm.
 
     python benchmarks/torch_ops.py [--batches 32,128,512] [--width 1024] [--quick]
 
@@ -29,7 +30,7 @@ from typing import Any
 from blas_env import blas_report, child_env
 from common import side_by_side, write_results
 
-VARIANTS = ("max-autotune", "tuneforge-inductor", "tuneforge-light")
+VARIANTS = ("max-autotune", "tuneforge-inductor", "tuneforge-light", "tuneforge-packed")
 CHAIN = 20
 
 
@@ -96,7 +97,13 @@ else:
         config.post_grad_custom_pre_pass = tft.MatmulRouter()
         compiled = torch.compile(model)
     else:
+        reference = model
+        if variant == "tuneforge-packed":  # the weights copied and packed once (inference): a model of its own
+            import copy
+            model = copy.deepcopy(reference)
+            tft.pack_linears(model)
         compiled = torch.compile(model, backend=tft.backend())
+        model = reference
 with torch.no_grad():
     y = compiled(x)
     first = time.time() - start

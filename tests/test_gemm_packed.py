@@ -69,7 +69,7 @@ def test_gemm_with_a_packed_b_tunes_its_own_selection(gemm_tuning: Path) -> None
 def test_each_kernel_layout_is_packed_once(gemm_tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = operands(16, 64, 96, "float64", "contiguous")
     w = tuneforge.pack_b(b)
-    monkeypatch.setattr(packed_module, "choices", lambda problem, space: PACKED.choices(
+    monkeypatch.setattr(packed_module, "choices", lambda problem, space, library: PACKED.choices(
         default_space(problem)[:1]))  # a kernel must win: the only candidate
     made: list[object] = []
     real = packed_module.pack_whole

@@ -17,9 +17,18 @@ from typing import Any
 
 import numpy as np
 
+from tuneforge.kernels.gemm import torch_cpu
 from tuneforge.kernels.gemm.op import check_operands, numpy_gemm, op_name, sample_for, usable
 from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space
-from tuneforge.kernels.gemm.template import PACKED, PREPACKED, pack_layout, pack_whole, runtime_args, static_args
+from tuneforge.kernels.gemm.template import (
+    HOST_TEAM,
+    PACKED,
+    PREPACKED,
+    pack_layout,
+    pack_whole,
+    runtime_args,
+    static_args,
+)
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.select import select
 from tuneforge.tune.template import TemplateChoice
@@ -31,7 +40,7 @@ class PackedB:
     """B (K x N, float32 or float64) for many products ``a @ B``: a read-only copy, and B packed per kernel
     layout on first use. Pass it as gemm's second operand."""
 
-    __slots__ = ("_lock", "_packs", "matrix")
+    __slots__ = ("__weakref__", "_lock", "_packs", "matrix")
 
     def __init__(self, b: Any) -> None:
         if not isinstance(b, np.ndarray) or b.ndim != 2:
@@ -89,8 +98,11 @@ _calls: dict[tuple[Any, ...], PackedCall] = {}
 _lock = threading.Lock()
 
 
-def gemm_packed(a: Any, packed: PackedB, out: Any, alpha: float, beta: float, bias: Any, space: str) -> Any:
-    """``out = alpha * a @ B + beta * out + bias`` with B packed ahead (see the module's docstring)."""
+def gemm_packed(a: Any, packed: PackedB, out: Any, alpha: float, beta: float, bias: Any, space: str,
+                library: str = "numpy") -> Any:
+    """``out = alpha * a @ B + beta * out + bias`` with B packed ahead (see the module's docstring). `library`
+    "torch": the arrays are views of CPU torch tensors (tuneforge.torch): torch.matmul is the library candidate
+    and the kernels run on torch's OpenMP team, as op.gemm_into's calls do."""
     if out is None:
         if beta != 0:
             raise ValueError("beta != 0 needs an out array to accumulate into")
@@ -100,14 +112,14 @@ def gemm_packed(a: Any, packed: PackedB, out: Any, alpha: float, beta: float, bi
     try:  # everything the checks looked at: a layout seen before was checked then
         layout = (type(a), a.shape, a.strides, a.dtype, packed.matrix.shape, packed.matrix.dtype, type(out),
                   out.shape, out.strides, out.dtype, beta != 0,
-                  None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype), space)
+                  None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype), space, library)
     except AttributeError:  # not arrays: the checks name the problem
         check_operands(a, packed.matrix, out, bias)
         raise
     call = _calls.get(layout)
     if call is None:
         check_operands(a, packed.matrix, out, bias)
-        call = _tune(layout, a, packed, out, beta, bias, space)
+        call = _tune(layout, a, packed, out, beta, bias, space, library)
     if not out.flags.writeable:
         raise ValueError("gemm: out is read-only")
     # the packed B is private: only A and the bias can share the output's memory
@@ -119,15 +131,19 @@ def gemm_packed(a: Any, packed: PackedB, out: Any, alpha: float, beta: float, bi
     return out
 
 
-def choices(problem: Problem, space: str) -> list[Choice]:
-    """numpy.matmul on the copy of B (the reference), then the kernels called with B packed ahead."""
+def choices(problem: Problem, space: str, library: str = "numpy") -> list[Choice]:
+    """numpy.matmul (torch.matmul with `library` "torch") on the copy of B (the reference), then the kernels
+    called with B packed ahead."""
     if space not in ("default", "exhaustive"):
         raise ValueError(f"space must be 'default' or 'exhaustive', not {space!r}")
     configs = list(exhaustive_space(problem)) if space == "exhaustive" else default_space(problem)
-    return [ExternChoice(numpy_gemm, name="numpy_matmul"), *PACKED.choices(configs)]
+    reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
+                 else ExternChoice(numpy_gemm, name="numpy_matmul"))
+    return [reference, *PACKED.choices(configs)]
 
 
-def _tune(layout: tuple[Any, ...], a: Any, packed: PackedB, out: Any, beta: float, bias: Any, space: str) -> PackedCall:
+def _tune(layout: tuple[Any, ...], a: Any, packed: PackedB, out: Any, beta: float, bias: Any, space: str,
+          library: str) -> PackedCall:
     with _lock:
         known = _calls.get(layout)
         if known is not None:
@@ -136,17 +152,26 @@ def _tune(layout: tuple[Any, ...], a: Any, packed: PackedB, out: Any, beta: floa
         out_t = out if usable(out) is out else np.empty(out.shape, out.dtype)
         bias_t = None if bias is None else np.ascontiguousarray(bias)
         problem = Problem(a.shape[0], packed.shape[1], a.shape[1], a.dtype.name)
-        winner = select(op_name(beta, bias) + "_packed", choices(problem, space), [a_t, packed.matrix, 1.0, beta,
-                        bias_t], out=out_t, accumulate=beta != 0, sample=sample_for(problem))
-        call = _prepare(winner, a_t, packed, out_t)
+        # torch's candidate makes another selection: a decision without it must not answer for it
+        name = op_name(beta, bias) + "_packed" + ("_torch" if library == "torch" else "")
+        winner = select(name, choices(problem, space, library), [a_t, packed.matrix, 1.0, beta, bias_t], out=out_t,
+                        accumulate=beta != 0, sample=sample_for(problem))
+        call = _prepare(winner, a_t, packed, out_t, library == "torch")
         if a_t is not a or out_t is not out or bias_t is not bias:
             call = _with_copies(call)
         _calls[layout] = call
         return call
 
 
-def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any) -> PackedCall:
-    """The layout's call with everything the layout fixes bound."""
+def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any, host_team: bool) -> PackedCall:
+    """The layout's call with everything the layout fixes bound (`host_team`: the kernels on torch's threads)."""
+    if isinstance(winner, ExternChoice) and winner.fn is torch_cpu.torch_gemm:
+        torch_gemm = torch_cpu.torch_gemm
+
+        def torch_library(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:
+            torch_gemm(a, packed.matrix, alpha, beta, bias, out)
+
+        return torch_library
     if not isinstance(winner, TemplateChoice):
         matmul = np.matmul
 
@@ -160,7 +185,7 @@ def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any) -> PackedCall:
     winner.build().result()
     kernel, config = winner.kernel(), winner.config
     head = static_args(a, packed.matrix, out, config)[:-1]
-    mode = runtime_args(config)[-1] | PREPACKED
+    mode = runtime_args(config)[-1] | PREPACKED | (HOST_TEAM if host_team else 0)
 
     def kernel_call(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:
         kernel(*head, mode, float(alpha), float(beta), a, packed.packed(kernel, config), out, bias)
