@@ -5,7 +5,8 @@
    per product: (a chain of L products compiled - a trivial compiled graph - L direct calls) / L.
 2. MLP (3 linear layers, ReLU between, inference steps) in fresh processes: torch.compile(mode="max-autotune")
    against tuneforge's ops, under Inductor (MatmulRouter), under tuneforge's light backend, and under the light
-   backend with the weights packed once (tuneforge.torch.pack_linears): steady step time, and time from process
+   backend with the weights packed once (tuneforge.torch.pack_linears; beside it, max-autotune with Inductor's
+   freezing, which also takes the weights as constants): steady step time, and time from process
    start to the first compiled step, cold (empty Inductor and tuneforge caches) and warm.
 
     python benchmarks/torch_ops.py [--batches 32,128,512] [--width 1024] [--quick]
@@ -30,7 +31,7 @@ from typing import Any
 from blas_env import blas_report, child_env
 from common import side_by_side, write_results
 
-VARIANTS = ("max-autotune", "tuneforge-inductor", "tuneforge-light", "tuneforge-packed")
+VARIANTS = ("max-autotune", "max-autotune-frozen", "tuneforge-inductor", "tuneforge-light", "tuneforge-packed")
 CHAIN = 20
 
 
@@ -87,7 +88,10 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
                             torch.nn.ReLU(), torch.nn.Linear(width, width)).eval()
 x = torch.randn(batch, width)
-if variant == "max-autotune":
+if variant.startswith("max-autotune"):
+    if variant == "max-autotune-frozen":  # weights as constants, as pack_linears takes them: Inductor's freezing
+        import torch._inductor.config
+        torch._inductor.config.freezing = True
     compiled = torch.compile(model, mode="max-autotune")
     context = None
 else:
@@ -188,14 +192,16 @@ def main() -> None:
         print(f"MLP, 3 x Linear({args.width}, {args.width}) with ReLU, inference, fresh processes:")
         rows = mlp(batches, args.width)
         results["mlp"] = rows
-        print(f"{'batch':>5} {'variant':20s} {'step x':>8} {'cold x':>8} {'warm x':>8}   (ratios against "
-              "max-autotune: step = its step time / ours, first step = ours / its)")
+        print(f"{'batch':>5} {'variant':20s} {'step x':>8} {'cold x':>8} {'warm x':>8} {'frozen x':>8}   (ratios "
+              "against max-autotune: step = its step time / ours, first step = ours / its; frozen x: the step "
+              "against max-autotune with freezing)")
         for row in rows:
-            ref = row["max-autotune"]
+            ref, frozen = row["max-autotune"], row["max-autotune-frozen"]
             for variant in VARIANTS[1:]:
                 ours = row[variant]
                 print(f"{row['batch']:5d} {variant:20s} {ref['step_ms'] / ours['step_ms']:8.2f} "
-                      f"{ours['cold_s'] / ref['cold_s']:8.2f} {ours['warm_s'] / ref['warm_s']:8.2f}")
+                      f"{ours['cold_s'] / ref['cold_s']:8.2f} {ours['warm_s'] / ref['warm_s']:8.2f} "
+                      f"{frozen['step_ms'] / ours['step_ms']:8.2f}")
         print("targets: step >= 1.0x, first compiled step <= 0.5x of max-autotune's, cold and warm")
     write_results("torch_ops", results)
 

@@ -25,36 +25,33 @@ __all__ = ["PackedLinear", "pack_linears"]
 _lib = torch.library.Library("tuneforge", "FRAGMENT")
 _lib.define("packed_linear(Tensor x, int weight, int out_features, Tensor? bias) -> Tensor")
 
-# Handles of the live packed weights (an operator's arguments are tensors and numbers): the module owns its weight.
-_weights: dict[int, weakref.ReferenceType[PackedB]] = {}
+# Handles of the live packed weights (an operator's arguments are tensors and numbers), with their torch dtype: the
+# module owns its weight.
+_weights: dict[int, tuple[weakref.ReferenceType[PackedB], Any]] = {}
 _handles = itertools.count(1)
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _register(packed: PackedB) -> int:
+def _register(packed: PackedB, dtype: Any) -> int:
     handle = next(_handles)
-    _weights[handle] = weakref.ref(packed)
+    _weights[handle] = (weakref.ref(packed), dtype)
     weakref.finalize(packed, _weights.pop, handle, None)
     return handle
 
 
 def _packed_linear(x: Any, weight: int, out_features: int, bias: Any) -> Any:
-    ref = _weights.get(weight)
+    ref, dtype = _weights.get(weight, (None, None))
     packed = ref() if ref is not None else None
     if packed is None:
         raise RuntimeError(f"tuneforge::packed_linear: no packed weight {weight} (its PackedLinear was freed)")
-    if x.device.type != "cpu" or x.dtype != _torch_dtype(packed):
-        raise ValueError(f"tuneforge::packed_linear: the weight is {packed.dtype} on the CPU; the input is "
-                         f"{x.dtype} on {x.device}")
-    rows = x.reshape(-1, x.shape[-1])
-    out = torch.empty((rows.shape[0], out_features), dtype=x.dtype)
+    if x.dtype is not dtype or not x.is_cpu:
+        raise ValueError(f"tuneforge::packed_linear: the weight is {dtype} on the CPU; the input is {x.dtype} on "
+                         f"{x.device}")
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    out = torch.empty((rows.shape[0], out_features), dtype=dtype)
     gemm_packed(array(rows), packed, out.numpy(), 1.0, 0.0, None if bias is None else array(bias), "default",
                 "torch")
-    return out.reshape(*x.shape[:-1], out_features)
-
-
-def _torch_dtype(packed: PackedB) -> Any:
-    return torch.float32 if packed.dtype.name == "float32" else torch.float64
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], out_features)
 
 
 _lib.impl("packed_linear", _packed_linear, "CPU")
@@ -83,7 +80,7 @@ class PackedLinear(torch.nn.Module):  # type: ignore[misc]
         self.weight = weight
         self.bias = linear.bias
         self.packed = PackedB(weight.detach().numpy().T)
-        self.handle = _register(self.packed)
+        self.handle = _register(self.packed, weight.dtype)
 
     def forward(self, x: Any) -> Any:
         if torch.is_grad_enabled() and x.requires_grad:
