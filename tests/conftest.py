@@ -116,6 +116,20 @@ def gemm_tuning(cache_dir: Path) -> Iterator[Path]:
     clear_dispatch()
 
 
+@pytest.fixture
+def torch_tuning(gemm_tuning: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """gemm_tuning for torch tests: Inductor's caches of their own (a graph compiled by an earlier run would skip the
+    passes a test watches), Dynamo's caches and counters reset."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    counters.clear()
+    yield gemm_tuning
+    torch._dynamo.reset()
+
+
 @contextlib.contextmanager
 def tuning_in_process(cache_dir: Path, *, bench_time_s: float, min_repeats: int) -> Iterator[Path]:
     """For select() tests timing their own choices: no memo before or after, trials in this process, no warm-up

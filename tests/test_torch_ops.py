@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,8 @@ from .conftest import run_python
 
 
 @pytest.fixture(autouse=True)
-def tuning(gemm_tuning: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    # Inductor's caches of their own: a graph compiled by an earlier run would skip the passes a test watches.
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    counters.clear()
-    yield gemm_tuning
-    torch._dynamo.reset()
+def tuning(torch_tuning: Path) -> Path:
+    return torch_tuning
 
 
 def close(x: Any, y: Any) -> None:

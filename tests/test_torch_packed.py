@@ -4,7 +4,6 @@ and under torch.compile (no graph break), refusing what they cannot do."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,8 @@ from tuneforge.store.default import default_records
 
 
 @pytest.fixture(autouse=True)
-def tuning(gemm_tuning: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    counters.clear()
-    yield gemm_tuning
-    torch._dynamo.reset()
+def tuning(torch_tuning: Path) -> Path:
+    return torch_tuning
 
 
 class Block(torch.nn.Module):
