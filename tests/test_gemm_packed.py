@@ -11,9 +11,11 @@ import pytest
 
 import tuneforge
 from tuneforge.compile.pool import default_pool
+from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space
 from tuneforge.kernels.gemm import packed as packed_module
-from tuneforge.kernels.gemm.template import PACKED, launch_packed, pack_layout
+from tuneforge.kernels.gemm.space import max_threads, small_m_space
+from tuneforge.kernels.gemm.template import PACKED, SMALL_M, launch_packed, pack_layout
 from tuneforge.store.default import default_records
 from tuneforge.tune.select import selection_key
 
@@ -119,7 +121,10 @@ def test_bad_operands_are_named(gemm_tuning: Path) -> None:
 
 def test_the_exhaustive_space_is_offered_too() -> None:
     problem = Problem(9, 20, 30, "float32")
-    assert len(packed_module.choices(problem, "exhaustive")) == 1 + len(list(exhaustive_space(problem)))
+    few_rows = small_m_space(problem, cpu_info(), max_threads(), True)
+    assert few_rows  # 9 rows: the exhaustive space's few-rows kernel
+    assert len(packed_module.choices(problem, "exhaustive")) == 1 + len(list(exhaustive_space(problem))) + \
+        len(few_rows)
     with pytest.raises(ValueError, match="space must be"):
         packed_module.choices(problem, "huge")
 
@@ -135,3 +140,22 @@ def test_the_packed_benchmark_measures_a_row(gemm_tuning: Path, monkeypatch: pyt
     assert row["max_rel_error"] < 1e-12 and row["winner"] != "?"
     assert row["packed_gflops"] > 0 and row["numpy_gflops"] > 0 and "torch_gflops" not in row
     assert row["packed_over_unpacked"] > 0 and row["cold_s"] > 0
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_few_rows_read_the_copy_unpacked(gemm_tuning: Path, monkeypatch: pytest.MonkeyPatch, library: str) -> None:
+    """A GEMV-like product's selection offers the few-rows kernel, which streams the row-major copy as it is: when
+    it wins, nothing is packed."""
+    if library == "torch":
+        pytest.importorskip("torch")
+    a, b = operands(1, 300, 200, "float32", "transposed")
+    w = tuneforge.pack_b(b)
+    offered = packed_module.choices(Problem(1, 300, 200, "float32"), "default", library)
+    few_rows = [c for c in offered if getattr(c, "template", None) is SMALL_M]
+    assert few_rows
+    monkeypatch.setattr(packed_module, "choices", lambda problem, space, library: few_rows[:1])
+    out = np.empty((1, 300), dtype=np.float32)
+    bias = np.arange(300, dtype=np.float32)
+    packed_module.gemm_packed(a, w, out, 2.0, 0.0, bias, "default", library)
+    np.testing.assert_allclose(out, 2 * (a @ b) + bias, rtol=1e-4, atol=1e-3)
+    assert w.packed_bytes() == 0 and not w._packs

@@ -17,13 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import torch_cpu
 from tuneforge.kernels.gemm.op import check_operands, numpy_gemm, op_name, sample_for, usable
-from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space
+from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
 from tuneforge.kernels.gemm.template import (
     HOST_TEAM,
     PACKED,
     PREPACKED,
+    SMALL_M,
     pack_layout,
     pack_whole,
     runtime_args,
@@ -136,10 +138,14 @@ def choices(problem: Problem, space: str, library: str = "numpy") -> list[Choice
     called with B packed ahead."""
     if space not in ("default", "exhaustive"):
         raise ValueError(f"space must be 'default' or 'exhaustive', not {space!r}")
-    configs = list(exhaustive_space(problem)) if space == "exhaustive" else default_space(problem)
+    exhaustive = space == "exhaustive"
+    configs = list(exhaustive_space(problem)) if exhaustive else default_space(problem)
     reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
                  else ExternChoice(numpy_gemm, name="numpy_matmul"))
-    return [reference, *PACKED.choices(configs)]
+    # The few-rows kernel streams B row by row and packs nothing: it reads the row-major copy as it is (without it
+    # a packed 1x4096x4096 or 4x1024x1024 B ran at 0.94-0.95x the unpacked product, which it wins).
+    few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
+    return [reference, *PACKED.choices(configs), *SMALL_M.choices(few_rows)]
 
 
 def _tune(layout: tuple[Any, ...], a: Any, packed: PackedB, out: Any, beta: float, bias: Any, space: str,
@@ -185,7 +191,15 @@ def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any, host_team: bool)
     winner.build().result()
     kernel, config = winner.kernel(), winner.config
     head = static_args(a, packed.matrix, out, config)[:-1]
-    mode = runtime_args(config)[-1] | PREPACKED | (HOST_TEAM if host_team else 0)
+    team = HOST_TEAM if host_team else 0
+    if winner.template is SMALL_M:  # reads the copy itself
+        streaming = runtime_args(config)[-1] | team
+
+        def rows_call(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:
+            kernel(*head, streaming, float(alpha), float(beta), a, packed.matrix, out, bias)
+
+        return rows_call
+    mode = runtime_args(config)[-1] | PREPACKED | team
 
     def kernel_call(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:
         kernel(*head, mode, float(alpha), float(beta), a, packed.packed(kernel, config), out, bias)
