@@ -43,6 +43,14 @@ def numpy_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -
     out[...] = product
 
 
+def numpy_call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
+    """numpy_gemm in a prepared call's argument order; the common case without a layer in between."""
+    if alpha == 1 and beta == 0 and bias is None:
+        np.matmul(a, b, out=out)
+    else:
+        numpy_gemm(a, b, alpha, beta, bias, out)
+
+
 def op_name(beta: float, bias: Any) -> str:
     """Reading C (beta != 0) and adding a bias change the work, so each variant is tuned on its own."""
     return "gemm" + ("_beta" if beta != 0 else "") + ("_bias" if bias is not None else "")
@@ -118,15 +126,7 @@ def _prepare(choice: Choice, a: Any, b: Any, out: Any) -> Prepared:
             return Prepared(bound, dispatch.CALL, addresses=True)
         return Prepared(bound, dispatch.KERNEL, address, runtime_args(choice.config), addresses=True)
     if isinstance(choice, ExternChoice) and choice.fn is numpy_gemm:
-        matmul = np.matmul
-
-        def library(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
-            if alpha == 1 and beta == 0 and bias is None:
-                matmul(a, b, out=out)  # the common case, without a layer in between
-            else:
-                numpy_gemm(a, b, alpha, beta, bias, out)
-
-        return Prepared(library, dispatch.LIBRARY, library="numpy")
+        return Prepared(numpy_call, dispatch.LIBRARY, library="numpy")
     return Prepared(lambda alpha, beta, a, b, out, bias: choice.run([a, b, alpha, beta, bias, out]), dispatch.CALL,
                     library="torch" if isinstance(choice, ExternChoice) and choice.fn is torch_cpu.torch_gemm else "")
 
@@ -187,7 +187,7 @@ def _gemm_python(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
             dispatch.load_in_background(_gemm_python)
     if not out.flags.writeable:
         raise ValueError("gemm: out is read-only")
-    if _overlaps(out, a) or _overlaps(out, b) or (bias is not None and _overlaps(out, bias)):
+    if overlaps(out, a) or overlaps(out, b) or (bias is not None and overlaps(out, bias)):
         return _gemm_separated(prepared, a, b, out, alpha, beta, bias, space)
     prepared.call(alpha, beta, a, b, out, bias)
     return out
@@ -306,7 +306,7 @@ def _gemm_separated(prepared: Prepared, a: Any, b: Any, out: Any, alpha: float, 
                     space: str) -> Any:
     """A call where an input shares memory with `out` (which the kernel would overwrite while reading
     the input): the inputs that do are copied first, keeping their strides, which `prepared` has bound."""
-    a2, b2, bias2 = (x if x is None or not _overlaps(out, x) else _copy_with_strides(x) for x in (a, b, bias))
+    a2, b2, bias2 = (x if x is None or not overlaps(out, x) else _copy_with_strides(x) for x in (a, b, bias))
     if a2 is not None and b2 is not None and (bias is None or bias2 is not None):
         prepared.call(alpha, beta, a2, b2, out, bias2)
         return out
@@ -316,7 +316,7 @@ def _gemm_separated(prepared: Prepared, a: Any, b: Any, out: Any, alpha: float, 
     return _gemm_python(a2, b2, out, alpha, beta, bias2, space)
 
 
-def _overlaps(out: Any, x: Any) -> bool:
+def overlaps(out: Any, x: Any) -> bool:
     if x is out:
         return True
     if x.base is None and out.base is None:  # two arrays that own their memory: distinct allocations
@@ -376,7 +376,7 @@ def _tune(key: tuple[Any, ...], a: Any, b: Any, out: Any, beta: float, bias: Any
             prepared = dataclasses.replace(prepared, library_ratio=ratio)
         if a_t is not a or b_t is not b or out_t is not out or bias_t is not bias:
             # layouts the kernels cannot take: copy per call
-            prepared = Prepared(_with_copies(prepared.call), dispatch.CALL)
+            prepared = Prepared(with_copies(prepared.call), dispatch.CALL)
         _dispatch[key] = prepared
         if dispatch.loaded() is not None and library == "numpy":
             _register(key, prepared, a, b, out, beta, bias, space)
@@ -424,10 +424,12 @@ def _register(key: tuple[Any, ...], prepared: Prepared, a: Any, b: Any, out: Any
     _route = fast.gemm
 
 
-def _with_copies(inner: Call) -> Call:
+def with_copies(inner: Call) -> Call:
+    """`inner` called on copies of the operands the kernels cannot take (B packed ahead, packed.py, is passed on)."""
     def call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -> None:
         target = out if usable(out) is out else np.array(out, order="C")
-        inner(alpha, beta, usable(a), usable(b), target, None if bias is None else np.ascontiguousarray(bias))
+        inner(alpha, beta, usable(a), usable(b) if isinstance(b, np.ndarray) else b, target,
+              None if bias is None else np.ascontiguousarray(bias))
         if target is not out:
             out[...] = target
 

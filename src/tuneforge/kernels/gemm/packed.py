@@ -19,7 +19,16 @@ import numpy as np
 
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import torch_cpu
-from tuneforge.kernels.gemm.op import check_operands, numpy_gemm, op_name, sample_for, usable
+from tuneforge.kernels.gemm.op import (
+    check_operands,
+    numpy_call,
+    numpy_gemm,
+    op_name,
+    overlaps,
+    sample_for,
+    usable,
+    with_copies,
+)
 from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
 from tuneforge.kernels.gemm.template import (
     HOST_TEAM,
@@ -125,9 +134,9 @@ def gemm_packed(a: Any, packed: PackedB, out: Any, alpha: float, beta: float, bi
     if not out.flags.writeable:
         raise ValueError("gemm: out is read-only")
     # the packed B is private: only A and the bias can share the output's memory
-    if out is a or ((a.base is not None or out.base is not None) and np.may_share_memory(out, a)):
+    if overlaps(out, a):
         a = a.copy()
-    if bias is not None and (bias is out or np.may_share_memory(out, bias)):
+    if bias is not None and overlaps(out, bias):
         bias = bias.copy()
     call(alpha, beta, a, packed, out, bias)
     return out
@@ -164,7 +173,7 @@ def _tune(layout: tuple[Any, ...], a: Any, packed: PackedB, out: Any, beta: floa
                         accumulate=beta != 0, sample=sample_for(problem))
         call = _prepare(winner, a_t, packed, out_t, library == "torch")
         if a_t is not a or out_t is not out or bias_t is not bias:
-            call = _with_copies(call)
+            call = with_copies(call)
         _calls[layout] = call
         return call
 
@@ -179,13 +188,8 @@ def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any, host_team: bool)
 
         return torch_library
     if not isinstance(winner, TemplateChoice):
-        matmul = np.matmul
-
         def library(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:
-            if alpha == 1 and beta == 0 and bias is None:
-                matmul(a, packed.matrix, out=out)
-            else:
-                numpy_gemm(a, packed.matrix, alpha, beta, bias, out)
+            numpy_call(alpha, beta, a, packed.matrix, out, bias)
 
         return library
     winner.build().result()
@@ -205,16 +209,6 @@ def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any, host_team: bool)
         kernel(*head, mode, float(alpha), float(beta), a, packed.packed(kernel, config), out, bias)
 
     return kernel_call
-
-
-def _with_copies(inner: PackedCall) -> PackedCall:
-    def call(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:
-        target = out if usable(out) is out else np.array(out, order="C")
-        inner(alpha, beta, usable(a), packed, target, None if bias is None else np.ascontiguousarray(bias))
-        if target is not out:
-            out[...] = target
-
-    return call
 
 
 def clear() -> None:
