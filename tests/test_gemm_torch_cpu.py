@@ -182,22 +182,60 @@ import numpy as np
 import tuneforge
 from probe import NativeExtern, torch_was_loaded
 
-out = np.zeros(1)
-choices = [NativeExtern(torch_was_loaded, name="first"), NativeExtern(torch_was_loaded, name="second")]
-report = tuneforge.select_detailed("preload_probe", choices, [], out=out).report
-print(int(report.isolated), "torch" in sys.modules)
+for framework in __import__("os").environ["FRAMEWORKS"].split():
+    out = np.zeros(1) if framework == "numpy" else __import__("torch").zeros(1)
+    choices = [NativeExtern(torch_was_loaded, name="first"), NativeExtern(torch_was_loaded, name="second")]
+    report = tuneforge.select_detailed("preload_probe_" + framework, choices, [], out=out).report
+    print(int(report.isolated), "torch" in sys.modules)
+    with open(__import__("os").environ["PROBE_LOG"], "a") as log:
+        log.write("-\\n")
 """
 
 
-@pytest.mark.parametrize("parent_has_torch", [True, False])
-def test_a_worker_imports_torch_before_its_first_trial_when_the_parent_has(tmp_path: Path,
-                                                                            parent_has_torch: bool) -> None:
-    """A choice calling torch would otherwise import it (2 s) in its first, checked, run in the worker."""
+@pytest.mark.parametrize(("parent_has_torch", "frameworks", "expected"), [
+    (True, ["numpy"], ["0"]),  # the parent's torch is not the selection's: the worker leaves it to the builds' cores
+    (False, ["numpy"], ["0"]),
+    (False, ["torch"], ["1"]),  # torch tensors: imported before the first trial
+    (True, ["numpy", "torch"], ["0", "1"]),  # a worker that runs on is told to import it before its next job
+])
+def test_a_worker_imports_torch_before_its_first_trial_when_the_job_needs_it(
+        tmp_path: Path, parent_has_torch: bool, frameworks: list[str], expected: list[str]) -> None:
+    """A choice on torch tensors would otherwise import it (2 s) in its first, checked, run in the worker."""
     (tmp_path / "probe.py").write_text(_PROBE)
     code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + _PRELOAD_CHILD.format(
         torch="import torch" if parent_has_torch else "")
     log = tmp_path / "probe.log"
-    proc = run_python(code, env={"TUNEFORGE_CACHE_DIR": str(tmp_path / "cache"), "PROBE_LOG": str(log)}, timeout=300)
-    assert proc.stdout.split() == ["1", str(parent_has_torch)], proc.stdout
-    runs = log.read_text().split()
-    assert len(runs) > 2 and set(runs) == {"1" if parent_has_torch else "0"}, runs
+    proc = run_python(code, env={"TUNEFORGE_CACHE_DIR": str(tmp_path / "cache"), "PROBE_LOG": str(log),
+                                 "FRAMEWORKS": " ".join(frameworks)}, timeout=300)
+    assert proc.stdout.split()[::2] == ["1"] * len(frameworks), proc.stdout
+    selections = [runs.split() for runs in log.read_text().split("-")[:-1]]
+    assert len(selections) == len(frameworks)
+    for runs, loaded in zip(selections, expected, strict=True):
+        assert len(runs) > 2 and set(runs) == {loaded}, selections
+
+
+def test_jobs_name_torch_for_torch_arguments_and_a_running_worker_imports_it_on_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuneforge.tune.job import TrialJob
+    from tuneforge.tune.runner import WorkerProcess
+    from tuneforge.tune.specs import TensorSpec
+
+    def job(framework: str) -> TrialJob:
+        spec = TensorSpec("float32", (4, 4), (4, 1), framework=framework)
+        return TrialJob(name="probe", key="k", outputs=[1], arg_specs=[spec], out_spec=spec)
+
+    assert job("numpy").libraries() == () and job("torch").libraries() == ("torch",)
+    (tmp_path / "import_probe.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the worker takes this process's sys.path
+    worker = WorkerProcess("cpu", ())
+    try:
+        worker.wait_ready()
+        assert not (tmp_path / "imported").exists()
+        worker.load(["import_probe"])
+        worker.load(["import_probe"])  # asked once
+        worker.send(("exit",))
+        assert worker.proc.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+    assert (tmp_path / "imported").exists() and worker.libraries == {"import_probe"}

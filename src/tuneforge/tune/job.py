@@ -65,6 +65,15 @@ class TrialJob:
         out_spec = on_visible_gpu(self.out_spec) if self.out_spec is not None else None
         return replace(self, arg_specs=[on_visible_gpu(s) for s in self.arg_specs], out_spec=out_spec)
 
+    def libraries(self) -> tuple[str, ...]:
+        """What the benchmark worker imports before these trials: torch where an argument is a torch tensor or the
+        trials run on a GPU (its inputs need it, and importing it in the first checked run would put 2 s inside
+        the selection). Not merely because this process has torch loaded: a worker importing it beside the
+        builds of a numpy selection took a core from them (a cold 128^3 GEMM 3.2 -> 4.3 s)."""
+        specs = [*self.arg_specs, self.out_spec]
+        torch_args = any(isinstance(s, TensorSpec) and s.framework == "torch" for s in specs)
+        return ("torch",) if torch_args or self.device != "cpu" else ()
+
     def materialize(self) -> list[Any]:
         """The arguments: the live ones, or example inputs from the specs (seeded, RNG-neutral)."""
         if self.live_args is not None:

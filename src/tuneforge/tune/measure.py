@@ -105,7 +105,7 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         # It starts up while the choices compile. Before they are submitted: the pool may fork its workers then,
         # and a fork while this thread starts a process would keep the new process's exec-error pipe open in the
         # fork, and this thread waiting for it.
-        prestart(job.device)
+        prestart(job.device, job.libraries())
     futures = {c.hash_key: c.build(pool) for c in to_build}
     pool.wait(list(futures.values()))
     built = []

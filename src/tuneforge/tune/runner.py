@@ -63,9 +63,10 @@ from tuneforge.warn_once import first_time, warn_once
 log = logging.getLogger("tuneforge.tune")
 
 _STARTUP_TIMEOUT_S = 120.0
-# Libraries a worker imports before it says it is ready when the parent has them loaded: their choices would
-# otherwise import them on their first (checked) run, inside the selection. torch takes about 2 s here; a worker
-# started ahead of the builds (prestart) imports it while they compile.
+# Libraries a worker may import ahead of a job that needs them (TrialJob.libraries), or, where `prepare` starts
+# it with no job in view, that the parent has loaded: the choices would otherwise import them on their first
+# (checked) run, inside the selection. torch takes about 2 s here; a worker started ahead of the builds
+# (prestart) imports it while they compile.
 PRELOADED = ("torch",)
 
 
@@ -73,7 +74,7 @@ class WorkerProcess:
     """One benchmark worker: a ``python -m tuneforge.tune.worker`` child talking over pipes, for `device`
     ("cpu", or "cuda:N": then it sees that GPU alone, as cuda:0)."""
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", libraries: Sequence[str] = ()) -> None:
         self.device = device
         env = worker_env(device, os.environ)
         with interrupts_held():
@@ -85,8 +86,10 @@ class WorkerProcess:
         self._read = self.proc.stdout.fileno()
         cpus = list(config.get_ints("autotune.worker_cpus"))
         gpu = device != "cpu"  # a GPU's worker needs torch, and makes its CUDA context before it says it is ready
+        self.libraries = {"torch"} if gpu else set()
+        self.libraries.update(libraries)
         send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus, "warm_cuda": gpu,
-                           "preload": [name for name in PRELOADED if gpu or name in sys.modules]})
+                           "preload": sorted(self.libraries)})
         self.pid = self.proc.pid
         self.ready = False  # whether it said so (wait_ready)
         self.main_loaded = False  # whether this worker has imported the parent's main script
@@ -102,6 +105,14 @@ class WorkerProcess:
 
     def send(self, message: Any) -> None:
         send(self._write, message)
+
+    def load(self, libraries: Sequence[str]) -> None:
+        """Have it import `libraries` it has not yet, before its next job (no answer: a failed import is the job's
+        choices' to report)."""
+        missing = sorted(set(libraries) - self.libraries)
+        if missing:
+            self.send(("preload", missing))
+            self.libraries.update(missing)
 
     def receive(self, timeout: float | None) -> Any:
         return receive(self._read, timeout)
@@ -128,16 +139,19 @@ _in_worker = False  # set in the benchmark worker itself: it never starts a work
 _main_problem: str | None = None  # why the worker cannot import this process's main script, once known
 
 
-def _started(device: str) -> WorkerProcess:
-    """The worker for `device`, started now if none runs (not waited for). Callers hold _lock."""
+def _started(device: str, libraries: Sequence[str] = ()) -> WorkerProcess:
+    """The worker for `device`, started now if none runs (not waited for), importing `libraries`. Callers hold
+    _lock."""
     worker = _workers.get(device)
     if worker is None or not worker.alive():
-        worker = _workers[device] = WorkerProcess(device)
+        worker = _workers[device] = WorkerProcess(device, libraries)
+    else:
+        worker.load(libraries)
     return worker
 
 
-def _worker(device: str = "cpu") -> WorkerProcess:
-    worker = _started(device)
+def _worker(device: str = "cpu", libraries: Sequence[str] = ()) -> WorkerProcess:
+    worker = _started(device, libraries)
     try:
         worker.wait_ready()
     except BaseException:
@@ -146,13 +160,13 @@ def _worker(device: str = "cpu") -> WorkerProcess:
     return worker
 
 
-def prestart(device: str = "cpu") -> None:
-    """Start the worker for `device` if none runs, without waiting for it: it starts up (0.15 s: Python, numpy)
-    while the choices are compiled. Nothing when another thread is using the workers."""
+def prestart(device: str = "cpu", libraries: Sequence[str] = ()) -> None:
+    """Start the worker for `device` if none runs, without waiting for it: it starts up (0.15 s: Python, numpy),
+    and imports `libraries`, while the choices are compiled. Nothing when another thread is using the workers."""
     if _in_worker or not _lock.acquire(blocking=False):
         return
     try:
-        _started(device)
+        _started(device, libraries)
     except (OSError, RuntimeError) as exc:  # tried again, and reported, when a job needs it
         log.debug("could not start the benchmark worker ahead of the builds: %s", exc)
     finally:
@@ -175,11 +189,12 @@ def prepare(device: str = "cpu", *, wait: bool = False) -> bool:
     cuda_index(device)  # "cpu" or "cuda:N", else a ValueError naming it
     if not config.get_bool("autotune.isolate") or _in_worker:
         return False
+    libraries = [name for name in PRELOADED if name in sys.modules]  # no job in view: what this process uses
     with _lock:
         if wait:
-            _worker(device)
+            _worker(device, libraries)
         else:
-            _started(device)
+            _started(device, libraries)
     return True
 
 
@@ -280,7 +295,7 @@ def _route(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     problem: str | None = "the main module is not a file (python -c, standard input, an interactive session " \
                           "or a notebook)"
     if main is not None:
-        problem = _main_problem or _load_main(_worker(job.device), main)
+        problem = _main_problem or _load_main(_worker(job.device, job.libraries()), main)
         _main_problem = problem  # a script that failed to import is not tried again in this process
     if problem is None:
         return list(choices), [], main
@@ -357,7 +372,7 @@ def _run_in_worker(job: TrialJob, choices: Sequence[Choice], reference: Choice |
             raise RuntimeError("the benchmark worker died repeatedly before running a choice")
         before = len(remaining)
         started = time.perf_counter()
-        worker = _worker(device)
+        worker = _worker(device, job.libraries())
         problem = _load_main(worker, main) if main is not None else None
         startup_s += time.perf_counter() - started
         if problem:  # it worked for an earlier worker: unlikely, and not the choices' fault

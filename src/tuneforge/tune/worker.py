@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 from tuneforge.supervisor import applied_settings, die_with_parent, ignore_interrupts
@@ -63,6 +64,14 @@ def import_main(main: dict[str, Any], settings: dict[str, Any]) -> str | None:
     return None
 
 
+def _preload(names: Iterable[str]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a choice that needs it reports the failure itself
+            print(f"tuneforge benchmark worker: could not import {name}: {exc}", file=sys.stderr)
+
+
 def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge.tune import runner
     from tuneforge.tune.device import DeviceContextLost
@@ -78,11 +87,7 @@ def serve(read_fd: int, write_fd: int) -> None:
             sys.path.insert(0, entry)
     if hello.get("cpus"):
         os.sched_setaffinity(0, hello["cpus"])
-    for name in hello.get("preload", ()):
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a choice that needs it reports the failure itself
-            print(f"tuneforge benchmark worker: could not import {name}: {exc}", file=sys.stderr)
+    _preload(hello.get("preload", ()))
     if hello.get("warm_cuda"):
         _warm_cuda()
     send(write_fd, ("ready", os.getpid()))
@@ -96,6 +101,9 @@ def serve(read_fd: int, write_fd: int) -> None:
             continue
         if message[0] == "exit":
             return
+        if message[0] == "preload":
+            _preload(message[1])
+            continue
         if message[0] == "main":
             send(write_fd, ("main", import_main(message[1], message[2])))
             continue
