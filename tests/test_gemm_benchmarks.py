@@ -131,7 +131,9 @@ def test_mixed_benchmark_runs_a_tiny_case(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["threads"] == 1 and result["rounds"] == 2 and result["blas"].startswith("numpy: ")
     assert "unset" in result["blas"]  # the child ran without OPENBLAS_CORETYPE / L2_SIZE
-    assert [r["kind"] for r in result["rows"]] == ["epilogue", "interleaved"]
+    assert [r["kind"] for r in result["rows"]] == ["epilogue", "interleaved", "spaced"]
+    spaced = result["rows"][2]
+    assert spaced["numpy_loop_us"] < 1000 and spaced["tuneforge_loop_us"] < 1000  # its 2 ms pauses are not timed
     for r in result["rows"]:
         assert r["shape"] == "16x24x32" and r["dtype"] == "float32" and r["iterations"] >= 5
         assert r["mixed_ratio"] > 0 and r["isolated_ratio"] > 0 and r["max_rel_error"] < 1e-5
@@ -139,5 +141,5 @@ def test_mixed_benchmark_runs_a_tiny_case(tmp_path: Path) -> None:
     table = proc.stdout.splitlines()
     assert table[0].startswith("1T numpy: ") and table[1].startswith("before: load average")
     assert "mixed" in table[2] and "isolated" in table[2] and "load average" in result["load_after"]
-    assert len([line for line in table if line.startswith("float32        16x24x32")]) == 2
+    assert len([line for line in table if line.startswith("float32        16x24x32")]) == 3
     assert table[-1] == f"wrote {out}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,16 @@ def test_blocked_kernel_any_threads_and_chunks(blocked: Kernel, threads: int, pa
     # Small blocks: many chunks per phase (more than threads), edges in every dimension.
     for mc, kc, nc in ((8, 16, 16), (200, 200, 200), (1, 7, 1)):
         check(blocked, 97, 83, 71, "float64", {"MC": mc, "KC": kc, "NC": nc, "threads": threads, "par": par})
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+@pytest.mark.parametrize("par", [0, 1])
+def test_blocked_kernel_after_the_workers_slept(blocked: Kernel, threads: int, par: int) -> None:
+    # Workers asleep for milliseconds wake late: a call with fewer than 4 chunks a thread then cuts each block's
+    # slivers into more parts (kernel.cpp.j2, LATE_CHUNKS), down to one sliver a chunk, edges included.
+    for m, n, mc, nc in ((97, 83, 200, 200), (40, 300, 16, 128), (5, 9, 8, 8), (97, 83, 50, 30)):
+        time.sleep(0.003)  # the pool's workers sleep after 50 us without work
+        check(blocked, m, n, 71, "float64", {"MC": mc, "KC": 32, "NC": nc, "threads": threads, "par": par})
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
