@@ -236,6 +236,16 @@ def test_small_problems_try_tiles_that_fit_them() -> None:
     assert tiles((32, 32, 32), "float64") == {(8, 2), (4, 4)}
     assert (14, 2) in tiles((1024, 1024, 1024)) and (8, 2) not in tiles((1024, 1024, 1024))  # large: by FMA:load
 
+    avx2 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "fma"))
+
+    def avx2_tiles(shape: tuple[int, int, int], dtype: str = "float32") -> set[tuple[int, int]]:
+        with config.patch(kernel_isa="auto"):
+            return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, dtype), avx2, threads=2)}
+
+    # 16 registers: 6x2 first, though it pads 128 rows to 132, then a tile without padding (3x4: 129 rows)
+    assert avx2_tiles((128, 128, 128)) == {(6, 2), (3, 4)}
+    assert avx2_tiles((128, 128, 128), "float64") == {(6, 2), (3, 4)}
+
 
 def test_mid_size_problems_also_try_b_unpacked() -> None:
     def packs(shape: tuple[int, int, int]) -> set[tuple[int, int]]:

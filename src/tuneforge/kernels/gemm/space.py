@@ -166,7 +166,11 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         # 64^3, 100^3 and 128^3 fp32), then the tiles that divide the problem (in steps of 2% of padded work; the
         # order of register_tiles within a step). At 128^3 fp32 on 2 threads, 4x4 and 8x2 (no padding) ran at
         # 200 GFLOP/s, 14x2 (9% padding) at 172; at 64^3, 6.5 us against 8.3 on one thread (numpy: 5.7).
-        tiles = sorted(tiles, key=lambda tile: (tile != SMALL_TILE, int(padding(p, tile[0], tile[1], widest) * 50)))
+        # With 16 vector registers (AVX2) 6x2 vectors comes first instead (no 8x2 there: 15 registers of 16); 3x4's
+        # 17 spill one. 128^3 fp32 (2 threads, AMD EPYC): 6x2 62 us for all its 3% padding, 3x4 65-72, 8x1 74-78;
+        # 100^3 fp32 41 us against 45-47; 128^3 fp64 121 us against 126-140.
+        first = SMALL_TILE if SMALL_TILE in tiles else tiles[0]
+        tiles = sorted(tiles, key=lambda tile: (tile != first, int(padding(p, tile[0], tile[1], widest) * 50)))
     # Packing pays off when a block is reused: skip it where A (or B) is read about once anyway, and try without
     # packing B below ample work: on 96x1000x300 fp32 (2 threads), unpacked B ran in 275-285 us, packed in 348
     # (numpy: 350); its 1.2 MB of B is reused by only two M blocks.
