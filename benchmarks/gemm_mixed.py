@@ -16,7 +16,8 @@ call. Two loops per case:
 
 `gemm` is numpy.matmul in one loop and tuneforge.gemm (tuned first, outside the timing) in the other.
 Each round times both loops (N iterations each, N sized so that the slower loop takes about --loop-s; the
-order alternates between rounds; a pause before each program's loops, SETTLE_S); the ratio is the median
+order alternates between rounds; before each program's loops a pause, SETTLE_S, and --warm-s of its loop
+untimed); the ratio is the median
 over the rounds of numpy-loop time over tuneforge-loop time (> 1: the program runs faster with tuneforge). The
 isolated ratio (tuneforge over numpy.matmul, as in benchmarks/gemm.py) says which target applies (issue 13):
 >= 0.98x always, >= 1.1x where the isolated ratio is >= 1.2x.
@@ -95,6 +96,16 @@ def loop_seconds(run: Loop, iterations: int, repeats: int = 3) -> float:
     return statistics.median(run(iterations) for _ in range(repeats))
 
 
+def warm_up(run: Loop, iterations: int, warm_s: float) -> None:
+    """Run the loop untimed for about `warm_s` seconds: what is timed is then a program that has been running
+    a while. The hand-off to numpy learns in windows that grow 4x each (0.1, 0.4, 1.6 s ...), each followed
+    by an echo of OpenBLAS's spin with the kernel's calls crowded: timed from its first step, a 0.45 s
+    interleaved program was mostly that learning (512^3 fp32 0.90x)."""
+    end = time.perf_counter() + warm_s
+    while time.perf_counter() < end:
+        run(iterations)
+
+
 def iterations_for(loops: list[Loop], loop_s: float) -> int:
     """Loop length for about `loop_s` seconds per loop of the slowest of `loops`, at least 5 steps: a loop
     that is many times slower than the other must not stretch the run to minutes."""
@@ -126,7 +137,8 @@ def isolated_ratio(a: Any, b: Any, rounds: int) -> tuple[float, float, float]:
     return statistics.median(theirs), statistics.median(ours), statistics.median(ratios)
 
 
-def measure_case(dtype: str, shape: Shape, kinds: list[str], rounds: int, loop_s: float) -> list[dict[str, Any]]:
+def measure_case(dtype: str, shape: Shape, kinds: list[str], rounds: int, loop_s: float,
+                 warm_s: float) -> list[dict[str, Any]]:
     import numpy as np
 
     import tuneforge
@@ -158,6 +170,7 @@ def measure_case(dtype: str, shape: Shape, kinds: list[str], rounds: int, loop_s
         for round_ in range(rounds):
             for name in ("numpy", "tuneforge") if round_ % 2 == 0 else ("tuneforge", "numpy"):
                 time.sleep(SETTLE_S)
+                warm_up(loops[name], iterations, warm_s)
                 times[name].append(loop_seconds(loops[name], iterations))
         ratio = statistics.median(t / u for t, u in zip(times["numpy"], times["tuneforge"], strict=True))
         need = target(isolated)
@@ -171,11 +184,12 @@ def measure_case(dtype: str, shape: Shape, kinds: list[str], rounds: int, loop_s
     return rows
 
 
-def child(cases: list[tuple[str, Shape]], kinds: list[str], rounds: int, loop_s: float) -> dict[str, Any]:
+def child(cases: list[tuple[str, Shape]], kinds: list[str], rounds: int, loop_s: float,
+          warm_s: float) -> dict[str, Any]:
     report = blas_report()
     print(report, file=sys.stderr, flush=True)
     load_before = load_note()
-    rows = [row for dtype, shape in cases for row in measure_case(dtype, shape, kinds, rounds, loop_s)]
+    rows = [row for dtype, shape in cases for row in measure_case(dtype, shape, kinds, rounds, loop_s, warm_s)]
     return {"blas": report, "load_before": load_before, "load_after": load_note(),
             "threads": int(os.environ.get("TUNEFORGE_KERNEL_THREADS", "0")), "rows": rows}
 
@@ -191,7 +205,8 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{r['cold_tune_s']:6.2f}  >={r['target_ratio']:.2f} {'ok' if r['pass'] else 'FAIL'}")
     passed = sum(r["pass"] for r in result["rows"])
     lines.append(f"mixed: numpy-loop time / tuneforge-loop time (> 1: faster with tuneforge), median of "
-                 f"{result['rounds']} interleaved rounds; isolated: tuneforge / numpy.matmul GFLOP/s alone; target: "
+                 f"{result['rounds']} interleaved rounds, each program's loop warmed {result.get('warm_s', 0)} s "
+                 f"first; isolated: tuneforge / numpy.matmul GFLOP/s alone; target: "
                  f">= {STRONG_MIXED}x where isolated >= {STRONG_ISOLATED}x, else >= {FLOOR}x; met on {passed} of "
                  f"{len(result['rows'])} rows")
     return "\n".join(lines)
@@ -204,6 +219,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loop-s", type=float, default=0.15, help="seconds per timed loop (about; the slower one)")
+    parser.add_argument("--warm-s", type=float, default=1.0,
+                        help="seconds each program's loop runs untimed before its timed loops, every round")
     parser.add_argument("--output", type=Path, help="write the JSON here instead of benchmarks/results/")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -218,7 +235,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, Shape]]:
 def main() -> None:
     args = parse_args()
     if args.child:
-        print(json.dumps(child(cases(args), args.kinds, args.rounds, args.loop_s)))
+        print(json.dumps(child(cases(args), args.kinds, args.rounds, args.loop_s, args.warm_s)))
         return
     with tempfile.TemporaryDirectory(prefix="tuneforge-gemm-mixed-") as cache:
         env = child_env(args.threads, "auto", {"TUNEFORGE_CACHE_DIR": cache})
@@ -226,7 +243,8 @@ def main() -> None:
                               text=True)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
-    result = {**json.loads(proc.stdout.strip().splitlines()[-1]), "rounds": args.rounds, "loop_s": args.loop_s}
+    result = {**json.loads(proc.stdout.strip().splitlines()[-1]), "rounds": args.rounds, "loop_s": args.loop_s,
+              "warm_s": args.warm_s}
     print(format_table(result))
     if args.output:
         args.output.write_text(json.dumps(result, indent=2) + "\n")

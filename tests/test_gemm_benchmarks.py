@@ -125,11 +125,12 @@ def test_mixed_cases_and_targets() -> None:
 def test_mixed_benchmark_runs_a_tiny_case(tmp_path: Path) -> None:
     out = tmp_path / "mixed.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "gemm_mixed.py"), "--shapes", "16x24x32", "--threads",
-                           "1", "--rounds", "2", "--loop-s", "0.01", "--output", str(out)],
+                           "1", "--rounds", "2", "--loop-s", "0.01", "--warm-s", "0.02", "--output", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["threads"] == 1 and result["rounds"] == 2 and result["blas"].startswith("numpy: ")
+    assert result["warm_s"] == 0.02 and "warmed 0.02 s first" in proc.stdout
     assert "unset" in result["blas"]  # the child ran without OPENBLAS_CORETYPE / L2_SIZE
     assert [r["kind"] for r in result["rows"]] == ["epilogue", "interleaved", "spaced"]
     spaced = result["rows"][2]
