@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,15 @@ def run_fresh_child(script: str, args: list[str], threads: int | None) -> dict[s
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s: float = 0.02) -> dict[str, float]:
+def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s: float = 0.02,
+                 settle_after: Collection[str] = ()) -> dict[str, float]:
     """Steady figures of `calls`, timed side by side: interleaved rounds (the order reversed every other round),
     each a burst of calls (as many as last `burst_s`, 3 to 200) after an untimed one; {name: median over rounds
-    of its bursts' median, in ms}."""
+    of its bursts' median, in ms}. After the burst of a name in `settle_after` (a library call: OpenBLAS's threads
+    spin 0.1-0.15 s after one), a pause until the process is idle: the next calls' bursts would otherwise share
+    the cores with those threads (a 128^3 GEMM kernel timed after numpy's burst: 124 us for its 64 alone)."""
+    from tuneforge.tune.quiet import settle
+
     names = list(calls)
     per_round: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
@@ -69,4 +74,6 @@ def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s
                 call()
                 times.append(time.perf_counter() - t0)
             per_round[name].append(statistics.median(times) * 1e3)
+            if name in settle_after:
+                settle(0.3)
     return {name: statistics.median(values) for name, values in per_round.items()}

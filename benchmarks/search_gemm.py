@@ -82,7 +82,7 @@ def steady_child(shape: tuple[int, int, int], dtype: str, picks: list[str], roun
         if not choice.is_extern:
             choice.build().result()
         calls[pick] = functools.partial(choice.run, [a, b, 1.0, 0.0, None, out])
-    return {"steady_ms": side_by_side(calls, rounds)}
+    return {"steady_ms": side_by_side(calls, rounds, settle_after={p for p in picks if by_hash[p].is_extern})}
 
 
 def run_child(args: list[str]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -27,3 +29,21 @@ def test_a_cold_search_and_its_pick_in_steady_state(tmp_path: Path) -> None:
     steady = child("--steady", "16x24x32", "float32", str(cold["pick"]), "--rounds", "1", cache=tmp_path / "steady")
     times = steady["steady_ms"]
     assert isinstance(times, dict) and list(times) == [cold["pick"]] and times[cold["pick"]] > 0
+
+
+def test_side_by_side_pauses_after_a_library_calls_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenBLAS's threads spin after numpy's burst: the next candidate's burst waits until the process is idle."""
+    import tuneforge.tune.quiet as quiet
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from common import side_by_side
+
+    order: list[str] = []
+    monkeypatch.setattr(quiet, "settle", lambda max_s: order.append("settle") or 0.0)
+    times = side_by_side({"kernel": lambda: order.append("kernel"), "library": lambda: order.append("library")},
+                         rounds=2, burst_s=0.0, settle_after={"library"})
+    assert set(times) == {"kernel", "library"}
+    bursts = [name for i, name in enumerate(order) if name != "settle" and (i == 0 or order[i - 1] != name)]
+    assert bursts == ["kernel", "library", "library", "kernel"]  # the order reversed in the second round
+    settled_after = [order[i - 1] for i, name in enumerate(order) if name == "settle"]
+    assert settled_after == ["library", "library"]
