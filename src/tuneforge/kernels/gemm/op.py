@@ -25,7 +25,7 @@ from tuneforge.store.default import default_records
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.sample import RowSample
 from tuneforge.tune.select import select, selection_key
-from tuneforge.tune.template import TemplateChoice
+from tuneforge.tune.template import KernelTemplate, TemplateChoice
 
 
 def numpy_gemm(a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
@@ -56,9 +56,11 @@ def op_name(beta: float, bias: Any) -> str:
     return "gemm" + ("_beta" if beta != 0 else "") + ("_bias" if bias is not None else "")
 
 
-def choices(problem: Problem, space: str = "default", library: str = "numpy") -> list[Choice]:
+def choices(problem: Problem, space: str = "default", library: str = "numpy",
+            blocked: KernelTemplate = TEMPLATE) -> list[Choice]:
     """The library call (the reference): numpy.matmul, or torch.matmul for torch tensors (`library` "torch"),
-    then the kernels. numpy is no candidate for torch tensors: in a torch program OpenBLAS's threads, spinning
+    then the kernels: the blocked ones as `blocked` launches them (packed.py's PACKED: B packed ahead) and the
+    few-rows one. numpy is no candidate for torch tensors: in a torch program OpenBLAS's threads, spinning
     for a while after each call, took the cores from torch's OpenMP team (an MLP step at batch 512 on 2 cores
     took 70 ms with numpy's picks against 50 with torch's own mm)."""
     if problem.dtype not in C_TYPES:
@@ -70,7 +72,7 @@ def choices(problem: Problem, space: str = "default", library: str = "numpy") ->
     few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
     reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
                  else ExternChoice(numpy_gemm, name="numpy_matmul"))
-    return [reference, *TEMPLATE.choices(configs), *SMALL_M.choices(few_rows)]
+    return [reference, *blocked.choices(configs), *SMALL_M.choices(few_rows)]
 
 
 def check_operands(a: Any, b: Any, out: Any, bias: Any) -> None:

@@ -17,19 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import torch_cpu
 from tuneforge.kernels.gemm.op import (
     check_operands,
     numpy_call,
-    numpy_gemm,
     op_name,
     overlaps,
     sample_for,
     usable,
     with_copies,
 )
-from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
+from tuneforge.kernels.gemm.op import choices as op_choices
+from tuneforge.kernels.gemm.space import C_TYPES, Problem
 from tuneforge.kernels.gemm.template import (
     HOST_TEAM,
     PACKED,
@@ -143,18 +142,11 @@ def gemm_packed(a: Any, packed: PackedB, out: Any, alpha: float, beta: float, bi
 
 
 def choices(problem: Problem, space: str, library: str = "numpy") -> list[Choice]:
-    """numpy.matmul (torch.matmul with `library` "torch") on the copy of B (the reference), then the kernels
-    called with B packed ahead."""
-    if space not in ("default", "exhaustive"):
-        raise ValueError(f"space must be 'default' or 'exhaustive', not {space!r}")
-    exhaustive = space == "exhaustive"
-    configs = list(exhaustive_space(problem)) if exhaustive else default_space(problem)
-    reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
-                 else ExternChoice(numpy_gemm, name="numpy_matmul"))
-    # The few-rows kernel streams B row by row and packs nothing: it reads the row-major copy as it is (without it
-    # a packed 1x4096x4096 or 4x1024x1024 B ran at 0.94-0.95x the unpacked product, which it wins).
-    few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
-    return [reference, *PACKED.choices(configs), *SMALL_M.choices(few_rows)]
+    """numpy.matmul (torch.matmul with `library` "torch") on the copy of B (the reference), then the blocked kernels
+    called with B packed ahead. The few-rows kernel streams B row by row and packs nothing: it reads the row-major
+    copy as it is (without it a packed 1x4096x4096 or 4x1024x1024 B ran at 0.94-0.95x the unpacked product, which
+    it wins)."""
+    return op_choices(problem, space, library, blocked=PACKED)
 
 
 def _tune(layout: tuple[Any, ...], a: Any, packed: PackedB, out: Any, beta: float, bias: Any, space: str,
