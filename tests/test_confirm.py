@@ -206,6 +206,35 @@ def test_a_drifted_first_timing_is_corrected(tuning: Path) -> None:
     assert winner == "late" and records["late"].median_ms < records["steady"].median_ms
 
 
+def test_paired_timings_at_another_level_keep_their_place(tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tie's paired rounds ran 1.6x slower than the first pass (another library's threads between the batches):
+    anchored at the fastest first timing among them, a choice outside the tie does not overtake them."""
+    from tuneforge.tune import trials
+
+    side_by_side = trials.time_side_by_side
+
+    def slowed(*args: Any) -> Any:
+        timings, rounds = side_by_side(*args)
+        return [t.scaled(1.6) for t in timings], [[x * 1.6 for x in r] for r in rounds]
+
+    monkeypatch.setattr(trials, "time_side_by_side", slowed)
+
+    def kernel(seconds: float) -> Any:
+        def run(a: Any, b: Any, out: Any) -> None:
+            spin(seconds)
+            np.add(a, b, out=out)
+        return run
+
+    # `best` and `close` tie (5% apart); `third` is 25% slower than `best`, outside the margin
+    choices = [ExternChoice(kernel(s), name=n) for n, s in (("best", 0.0010), ("close", 0.00105), ("third", 0.00125))]
+    selection = select_detailed("anchored", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert "+paired" in records["best"].method and "+paired" not in records["third"].method
+    assert selection.choice.name == "best" and records["best"].median_ms < records["third"].median_ms
+    scale = records["best"].info["paired_scale"]
+    assert 0.5 < scale < 0.75 and records["close"].info["paired_scale"] == scale  # about 1/1.6, one for the tie
+
+
 def test_without_a_tie_the_first_timings_stand(tuning: Path) -> None:
     def quick(a: Any, b: Any, out: Any) -> None:
         np.add(a, b, out=out)

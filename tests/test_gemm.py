@@ -262,3 +262,12 @@ def test_kernel_isa_setting_caps_the_vector_width() -> None:
         assert {c["VEC_BYTES"] for c in default_space(Problem(256, 256, 256, "float32"), avx512)} == {32}
     with config.patch(kernel_isa="auto"):
         assert vector_widths(avx512) == [64, 32]
+
+
+@pytest.mark.parametrize("shape", [(128, 128, 128), (512, 512, 512), (8, 1024, 1024), (1, 3000, 3000)])
+def test_a_search_of_the_exhaustive_space_starts_from_the_default_one(shape: tuple[int, int, int]) -> None:
+    problem = Problem(*shape, "float32")
+    marked = {json.dumps(c.params, sort_keys=True) for c in gemm_choices(problem, "exhaustive") if c.suggested}
+    default = {json.dumps(c.params, sort_keys=True) for c in gemm_choices(problem, "default")[1:]}
+    assert marked == default and default  # every default configuration lies in the exhaustive space, marked
+    assert not any(c.suggested for c in gemm_choices(problem, "default"))

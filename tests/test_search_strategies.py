@@ -70,6 +70,28 @@ def test_coordinate_descent_walks_from_its_start_one_parameter_at_a_time() -> No
         assert any(space.key(n) in timed[:i] for n in space.neighbours(config))
 
 
+def test_the_default_strategy_starts_from_suggestions() -> None:
+    space = tiled_space()
+    near = {"BM": 32, "BN": 64, "BK": 32, "UNROLL": 4, "ORDER": "ji"}  # a family's heuristic pick, near the optimum
+    far = {"BM": 8, "BN": 256, "BK": 128, "UNROLL": 1, "ORDER": "ji"}
+    strategy = make("default", space, seed=3)
+    strategy.suggest([far, near])
+    first = strategy.ask(8)
+    assert first == [far, near]  # the suggestions alone, in one batch: no random samples beside them
+    for c in first:
+        strategy.tell(c, tiled_cost(c))
+    step = strategy.ask(50)
+    assert step and all(space.key(c) in {space.key(n) for n in space.neighbours(near, 2)} for c in step)
+    with pytest.raises(ValueError, match="before the first ask"):
+        strategy.suggest([near])
+    outside = dict(near, BM=3)
+    with pytest.raises(Exception, match="suggested .* is not in the space"):
+        make("default", space).suggest([outside])
+    random = make("random", space, seed=3)
+    random.suggest([near])  # strategies that do not start anywhere ignore suggestions
+    assert len(random.ask(4)) == 4
+
+
 def test_coordinate_descent_stops_on_noise_below_its_threshold() -> None:
     space = Space({"A": span(0, 9)})
     strategy = CoordinateDescent(space, start={"A": 5}, restarts=False, threshold=0.05)

@@ -39,6 +39,7 @@ PENALTY = {"BM": {8: 0.4, 16: 0.15, 32: 0.0, 64: 0.2}, "BN": {8: 0.2, 16: 0.0, 3
            "ORDER": {"ij": 0.0, "ji": 0.1}}
 CONFIGS = [{"BM": bm, "BN": bn, "BK": bk, "UNROLL": u, "ORDER": o} for bm in pow2(8, 64) for bn in pow2(8, 64)
            for bk in pow2(8, 32) for u in (1, 2, 4, 8) for o in ("ij", "ji")]  # 384
+OPTIMAL = {"BM": 32, "BN": 16, "BK": 16, "UNROLL": 4, "ORDER": "ij"}
 
 
 def cost(params: dict[str, Any]) -> float:
@@ -100,13 +101,13 @@ def test_a_search_times_a_sixth_of_the_space_and_finds_a_near_best(quick: Path) 
     assert len(timed_again) <= 4  # of the first search's, only finalists are timed again
 
 
-@pytest.mark.parametrize(("budget", "jobs"), [("6", 1), ("12", 3)])
-def test_finalists_are_timed_again_unless_the_search_was_one_job(cache_dir: Path, budget: str, jobs: int) -> None:
-    calls: list[list[str]] = []
+@pytest.mark.parametrize(("budget", "jobs"), [("6", 2), ("12", 3)])
+def test_finalists_are_timed_again_after_the_batches(cache_dir: Path, budget: str, jobs: int) -> None:
+    calls: list[tuple[list[str], str]] = []
     records: dict[str, Record] = {}
 
-    def measure_some(choices: Any, keep_inputs: bool) -> None:  # what select's measuring records, by the cost model
-        calls.append([c.name for c in choices])
+    def measure_some(choices: Any, role: str) -> None:  # what select's measuring records, by the cost model
+        calls.append(([c.name for c in choices], role))
         for c in choices:
             records[c.hash_key] = Record(key="k", choice=c.hash_key, op="searched", choice_name=c.name, status="ok",
                                          median_ms=cost(c.params) if c.params else 3.0)
@@ -115,9 +116,12 @@ def test_finalists_are_timed_again_unless_the_search_was_one_job(cache_dir: Path
     plan = SearchPlan("random", SearchPlan.of("default", budget).budget, batch=6)
     winner = search_candidates(plan, choices, records, measure_some, "median")
     assert winner is not None and winner.info[SEARCH_INFO]
-    assert len(calls) == jobs  # 6 builds: one batch, its timings side by side; 12: two batches, then finalists
-    if jobs > 1:
-        assert len(calls[-1]) == plan.finalists + 1 and "double" in calls[-1]
+    # 6 builds: one batch; 12: two. Batches keep their inputs and leave near ties to the finalists' job, the last
+    assert len(calls) == jobs and [role for _, role in calls] == ["batch"] * (jobs - 1) + ["finalists"]
+    finalists = calls[-1][0]
+    assert len(finalists) == plan.finalists + 1 and "double" in finalists
+    timed = sorted((cost(c.params), c.name) for c in choices if c.params and c.hash_key in records)
+    assert set(finalists) - {"double"} == {name for _, name in timed[:plan.finalists]}
 
 
 def test_a_budget_alone_searches_with_the_default_strategy(quick: Path) -> None:
@@ -221,3 +225,58 @@ def test_selecting_without_a_search_loads_no_strategy() -> None:
             "sys.modules; s.make; print(before, 'tuneforge.search.registry' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+def test_the_finalists_alone_are_re_timed_side_by_side(quick: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuneforge.search import Budget
+    from tuneforge.tune import trials
+
+    paired: list[int] = []
+    side_by_side = trials.time_side_by_side
+
+    def counted(runs: Any, *args: Any) -> Any:
+        paired.append(len(runs))
+        return side_by_side(runs, *args)
+
+    monkeypatch.setattr(trials, "time_side_by_side", counted)
+    checked: list[str] = []
+    run = trials.Trials.run
+
+    def run_counted(self: Any, choice: Any, *args: Any, **kwargs: Any) -> Any:
+        checked.append(choice.name)
+        return run(self, choice, *args, **kwargs)
+
+    monkeypatch.setattr(trials.Trials, "run", run_counted)
+    tied = [c for c in CONFIGS if cost(c) <= 1.1]  # 5 of them, 1.0 and four at 1.1: near ties in every batch
+    template = KernelTemplate("searched_tie", SOURCE, signature="kernel", language="python")
+    plan = SearchPlan("random", Budget(evaluations=4), batch=2)  # two batches, then the finalists
+    selection = select_detailed("tied", [ExternChoice(double, name="double"), *template.choices(tied)],
+                                [np.ones(64)], out=np.empty(64), strategy=plan)
+    records = default_records().get(selection.key)
+    # once, in the finalists' job, all of them (the library call, 3x slower, was abandoned): the batches left it
+    assert paired == [plan.finalists]
+    winner = next(r for r in records if r.choice == selection.choice.hash_key)
+    assert sum("+paired" in r.method for r in records) == plan.finalists and "+paired" in winner.method
+    assert len(winner.info["confidence"]) == plan.finalists - 1  # the winner against each of the others
+    assert sorted(checked) == sorted({*checked})  # each checked and timed once: the finalists' job re-used that
+
+
+def test_a_search_starts_from_the_suggested_candidates(cache_dir: Path) -> None:
+    calls: list[list[str]] = []
+    records: dict[str, Record] = {}
+
+    def measure_some(choices: Any, role: str) -> None:
+        calls.append([c.name for c in choices])
+        for c in choices:
+            records[c.hash_key] = Record(key="k", choice=c.hash_key, op="searched", choice_name=c.name, status="ok",
+                                         median_ms=cost(c.params) if c.params else 3.0)
+
+    choices = candidates()
+    hints = [c for c in choices if c.params in ({**OPTIMAL, "UNROLL": 1}, {**OPTIMAL, "BM": 8, "ORDER": "ji"})]
+    for c in hints:
+        c.suggested = True
+    search_candidates(SearchPlan.of("default", "30"), choices, records, measure_some, "median")
+    assert calls[0] == ["double", *(c.name for c in hints)]  # the library call, and the suggestions alone
+    assert any(name == choices[CONFIGS.index(OPTIMAL) + 1].name for batch in calls for name in batch)
+    plain = SearchPlan.of("default", "30").identity(candidates())
+    assert SearchPlan.of("default", "30").identity(choices) != plain  # suggestions change what the search does

@@ -399,8 +399,13 @@ def load_module_keyed(source: str, *, functions: Sequence[str] = (), flags: Sequ
                       openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
                       origin: str = "") -> tuple[ModuleType, str]:
     """`load_module`, and the key of the artifact it came from (which a tuning record keeps)."""
-    request = module_request(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs,
-                             origin=origin)
+    return load_request(module_request(source, functions=functions, flags=flags, openmp=openmp,
+                                       include_dirs=include_dirs, origin=origin))
+
+
+def load_request(request: CppBuild) -> tuple[ModuleType, str]:
+    """The module a `module_request` describes (built or fetched from the store, loaded once per process and
+    settings), and its artifact key."""
     memo = _memo_key(request)
     known = _libraries.get(memo)
     if known is not None:

@@ -6,8 +6,9 @@ current point by more than `threshold` (relative): noise smaller than that must 
 At a local optimum it restarts (with `restarts`) from the best untried start it has, else from a fresh
 random point, until the space or the budget is spent.
 
-Where it starts: `start` (a heuristic default, as a kernel family knows one), else the best of `initial`
-random samples (the default strategy takes a few: one start is a gamble on a rugged space). Where it restarts
+Where it starts: `start` (a heuristic default, as a kernel family knows one) or the best of the configurations
+given to `suggest` (a family's heuristic picks, timed first together), else the best of `initial` random
+samples (the default strategy takes a few: one start is a gamble on a rugged space). Where it restarts
 (`restart_from`): the best start not descended from yet, else a random configuration; or, with "model", the
 untimed configuration an additive model of the costs so far predicts fastest (additive.py), which then also
 orders each step's neighbours (a budget that ends mid-step has timed the likeliest).
@@ -15,7 +16,7 @@ orders each step's neighbours (a budget that ends mid-step has timed the likelie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuneforge.search.additive import predicted_best, ranked
@@ -49,6 +50,21 @@ class CoordinateDescent(Strategy):
         self._center: Config | None = None
         self._step: list[Config] | None = None  # the center's neighbourhood, once proposed
         self.optima: list[Config] = []  # local optima reached, in order
+
+    def suggest(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        """Start from these (a family's heuristic picks) instead of random samples: they are timed first, in one
+        batch, and the descent begins at the best of them."""
+        if self.costs or self.pending:
+            raise ValueError("coordinate_descent: suggest() comes before the first ask")
+        for config in configs:
+            problem = self.space.problem(config)
+            if problem is not None:
+                raise SpaceError(f"coordinate_descent: the suggested {dict(config)} is not in the space: {problem}")
+        fresh = {self.space.key(c): dict(c) for c in configs if not self.seen(c)}
+        if fresh:
+            self._starts.extend(fresh.values())
+            self._queue.extend(c for c in fresh.values() if c not in self._queue)
+            self._initial = 0
 
     def _propose(self, n: int) -> list[Config]:
         proposed: list[Config] = []

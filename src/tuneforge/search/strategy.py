@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tuneforge.search.space import Config, Space
@@ -62,6 +62,11 @@ class Strategy:
         if value < self.best_cost:
             self.best, self.best_cost = dict(config), value
         self._told(dict(config), value)
+
+    def suggest(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        """Configurations a kernel family's heuristics would pick (its default space), given before the first
+        ask: strategies that start somewhere (coordinate descent, the default) start from them; the others
+        ignore them."""
 
     def seen(self, config: Mapping[str, Any]) -> bool:
         key = self.space.key(config)

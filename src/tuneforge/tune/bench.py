@@ -11,7 +11,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,12 @@ class Timing:
             raise ValueError(f"unknown timing statistic {name!r}; expected one of {', '.join(STATISTICS)}")
         value: float = getattr(self, f"{name}_ms")
         return value
+
+    def scaled(self, factor: float, method: str = "") -> Timing:
+        """Every figure times `factor`, `method` appended to the method."""
+        return replace(self, median_ms=self.median_ms * factor, min_ms=self.min_ms * factor,
+                       mean_ms=self.mean_ms * factor, p20_ms=self.p20_ms * factor, p80_ms=self.p80_ms * factor,
+                       max_ms=self.max_ms * factor, method=self.method + method)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -61,6 +61,9 @@ class Choice(ABC):
     name: str
     is_extern: bool = False
     is_native: bool = False  # compiled code that may crash the process: trials go to the isolated worker
+    # A pick of its family's heuristics (e.g. in the GEMM's default space as well as the exhaustive one): a search
+    # over the candidates starts from it (select(..., strategy=)). Not part of what runs: no hash_key change.
+    suggested: bool = False
 
     @property
     @abstractmethod

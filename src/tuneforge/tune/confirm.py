@@ -31,6 +31,7 @@ from tuneforge.tune.quiet import settle
 # 3 could never say better than p = 1/8.
 MIN_ROUNDS, MAX_ROUNDS = 5, 15
 CONFIDENCE = "confidence"  # the record info key of the fastest's `confidence` entries
+PAIRED_SCALE = "paired_scale"  # ... and of the factor the paired timings were anchored by (Trials.confirm)
 # An OpenMP runtime's threads spin for a few ms after a parallel region (libgomp: ~5 ms measured on a
 # Zen 5), slowing a library call that runs right after: a short pause after each kernel's batch.
 KERNEL_PAUSE_S = 0.01
@@ -40,18 +41,32 @@ WARM_UP_BELOW_MS = 50.0
 ROUND_BATCH_S = 0.01  # each choice runs at least this long per round: 3 rounds of a 1 ms kernel give 30 runs
 
 
+def _timed(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[float, Choice, Record]]:
+    """The fully timed ones, fastest first."""
+    timed = [(t, choice, record) for choice, record in results
+             if record.status == "ok" and "+abandoned" not in record.method
+             and (t := record.time(statistic)) is not None]
+    return sorted(timed, key=lambda item: item[0])
+
+
+def contenders(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[Choice, Record]]:
+    """Every fully timed choice within `autotune.confirm_reference_ratio` of the fastest, fastest first (a search's
+    finalists are all re-timed side by side); [] for one."""
+    timed = _timed(results, statistic)
+    ratio = config.get_float("autotune.confirm_reference_ratio")
+    near = [(choice, record) for t, choice, record in timed if ratio <= 0 or t <= timed[0][0] * ratio]
+    return near if len(near) > 1 else []
+
+
 def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str,
              reference: Choice | None = None) -> list[tuple[Choice, Record]]:
     """The choices to re-time side by side, fastest first: the two fastest fully timed ones if they are within
     the margin of each other, and `reference` if it is not the fastest and within the reference ratio; else []."""
     margin = config.get_float("autotune.confirm_margin")
     guard = config.get_float("autotune.confirm_reference_ratio")
-    timed = [(t, choice, record) for choice, record in results
-             if record.status == "ok" and "+abandoned" not in record.method
-             and (t := record.time(statistic)) is not None]
+    timed = _timed(results, statistic)
     if len(timed) < 2:
         return []
-    timed.sort(key=lambda item: item[0])
     best = timed[0][0]
     picked = [timed[0]]
     if margin > 0 and timed[1][0] <= best * (1 + margin):

@@ -48,6 +48,14 @@ class TrialJob:
     # Keep the example inputs and the reference's outputs where the trials ran, for the next job of this key (a
     # search measures in batches: each would otherwise make its inputs and run its reference again)
     keep_inputs: bool = field(default=False, compare=False)
+    # What is re-timed side by side after the trials (confirm.py): "ties" (near ties, and a narrow win over the
+    # reference), "all" (every choice timed: a search's finalists) or "none" (a search's batch, which leaves it to
+    # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10).
+    confirm: str = field(default="ties", compare=False)
+    # Choices timed in an earlier batch of this selection, by hash: their records stand (checked on these very
+    # inputs) and they run again only in the side-by-side re-timing (a search's finalists: a full second timing
+    # of each cost a one-batch search 0.35 s of its 2).
+    timed: Mapping[str, Record] = field(default_factory=dict, compare=False)
     # "cpu" or "cuda:N": where the trials run and how they are timed (see device.py). Derived from the
     # specs (or the live arguments) once, here, so arguments on two GPUs fail when the job is made.
     device: str = field(init=False, default="cpu", compare=False)

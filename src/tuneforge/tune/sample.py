@@ -53,10 +53,7 @@ class RowSample:
 
 def scaled(timing: Timing, factor: float) -> Timing:
     """A sample's timing as an estimate for the whole problem."""
-    return dataclasses.replace(timing, median_ms=timing.median_ms * factor, min_ms=timing.min_ms * factor,
-                               mean_ms=timing.mean_ms * factor, p20_ms=timing.p20_ms * factor,
-                               p80_ms=timing.p80_ms * factor, max_ms=timing.max_ms * factor,
-                               method=timing.method + SAMPLED)
+    return timing.scaled(factor, SAMPLED)
 
 
 def calibrated(record: Record, factor: float) -> Record:

@@ -4,13 +4,15 @@ The candidates with parameters (template configurations) are grouped by what the
 configurations that differ only in runtime parameters share one build), and the builds make the search space:
 `Space.from_points` of the parameters each build's configurations share; a build's cost is the best of its
 configurations, which are all timed with it (compiling costs 0.5-0.9 s, a timing milliseconds). The other
-candidates (library calls) are always timed, in the first batch. The strategy asks for batches of builds, each
-built in parallel and timed in one worker job (which keeps its example inputs and reference outputs for the next
-batch); configurations with a record already cost nothing. When the budget (builds) is spent the fastest few
-configurations (`finalists`) and the fastest library call are timed again side by side in one job, so that the
-pick does not hang on timings taken minutes apart (unless the search was one job: they were timed together);
-then the search is marked done on the winner's record, and a later process with the same candidates, strategy
-and budget decides from the records without searching again.
+candidates (library calls) are always timed, in the first batch. Builds holding a suggested choice (a family's
+heuristic pick, Choice.suggested) are given to the strategy to start from. The strategy asks for batches of
+builds, each built in parallel and timed in one worker job (which keeps its example inputs and reference outputs
+for the next batch; near ties are left to the finalists); configurations with a record already cost nothing.
+When the budget (builds) is spent the fastest few configurations (`finalists`) and the fastest library call are
+timed again in one job, then side by side (confirm.py: alternating rounds, and the winner's confidence), so that
+the pick does not hang on timings taken in different batches or on one noisy timing; then the search is marked
+done on the winner's record, and a later process with the same candidates, strategy and budget decides from the
+records without searching again.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from tuneforge.tune.template_space import TemplateSpace
 
 log = logging.getLogger("tuneforge.tune")
 
-MeasureSome = Callable[[Sequence[Choice], bool], None]  # (choices, keep the inputs for another batch)
+# (choices, role): "batch" (a search's: another follows, near ties are left to the finalists), "finalists" (re-timed
+# side by side) or "whole" (every candidate, as a selection without a search times them)
+MeasureSome = Callable[[Sequence[Choice], str], None]
 SEARCH_INFO = "search"  # the winner's record's info key: the identity of the finished search
 
 
@@ -61,7 +65,7 @@ class SearchPlan:
     def identity(self, candidates: Sequence[Choice], space: TemplateSpace | None = None) -> str:
         """What a finished search of these candidates (and `space`'s: its identity stands for them) is known by:
         the candidates, strategy, options, budget and seed (the prune hook is code: its name stands for it)."""
-        named = sorted(c.hash_key for c in candidates if space is None or c.is_extern)
+        named = sorted(c.hash_key + ("*" if c.suggested else "") for c in candidates if space is None or c.is_extern)
         if space is not None:
             named.append(space.identity)
         text = json.dumps([named, self.strategy, repr(sorted(self.options.items())),
@@ -104,21 +108,20 @@ def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[
     if len(units) < 2:
         missing = [c for c in candidates if c.hash_key not in records]
         if missing:
-            measure_some(missing, False)
+            measure_some(missing, "whole")
         return _mark(plan, candidates, records, statistic)
     space = Space.from_points(points)
     by_key = {space.key(p): unit for p, unit in zip(points, units, strict=True)}
     strategy = make(plan.strategy, space, seed=config.get_int("autotune.seed"), **dict(plan.options))
+    strategy.suggest([p for p, unit in zip(points, units, strict=True) if any(c.suggested for c in unit)])
     first = [c for c in always if c.hash_key not in records]
-    known, jobs = set(records), 0
 
     def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
-        nonlocal first, jobs
+        nonlocal first
         chosen = [by_key[space.key(p)] for p in asked]
         todo, first = first + [c for unit in chosen for c in unit if c.hash_key not in records], []
         if todo:
-            measure_some(todo, True)
-            jobs += 1
+            measure_some(todo, "batch")
         costs = [[t for c in unit if (t := _cost(records.get(c.hash_key), statistic)) is not None] for unit in chosen]
         return [min(unit_costs) if unit_costs else None for unit_costs in costs]
 
@@ -126,7 +129,7 @@ def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[
                     space_size=len(units))
     log.info("search %s: %d of %d builds timed (%d configurations; %d pruned), stopped by %s", plan.strategy,
              result.evaluations, len(units), len(configured), result.pruned, result.stopped)
-    _time_finalists(plan, configured, always, first, jobs == 1, known, records, measure_some, statistic)
+    _time_finalists(plan, configured, always, first, records, measure_some, statistic)
     return _mark(plan, candidates, records, statistic)
 
 
@@ -136,19 +139,17 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
     configuration), and a choice exists only for what it asks (and what the records held before)."""
     always = [c for c in candidates if c.is_extern]
     first = [c for c in always if c.hash_key not in records]
-    known, jobs = set(records), 0
     listed = space.space.listed()
     strategy = make(plan.strategy, space.space, seed=config.get_int("autotune.seed"), **dict(plan.options))
 
     def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
-        nonlocal first, jobs
+        nonlocal first
         chosen = [space.choice(p) for p in asked]
         present = {c.hash_key for c in candidates}
         candidates.extend(c for c in chosen if c.hash_key not in present)
         todo, first = first + [c for c in chosen if c.hash_key not in records], []
         if todo:
-            measure_some(todo, True)
-            jobs += 1
+            measure_some(todo, "batch")
         return [_cost(records.get(c.hash_key), statistic) for c in chosen]
 
     # A share of a space too large to list is a share of its parameters' product (patience ends it sooner).
@@ -156,20 +157,18 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
                     space_size=len(listed) if listed is not None else space.space.size_bound)
     log.info("search %s of %s: %d configurations timed, stopped by %s", plan.strategy, space, result.evaluations,
              result.stopped)
-    _time_finalists(plan, [c for c in candidates if not c.is_extern], always, first, jobs == 1, known, records,
-                    measure_some, statistic)
+    _time_finalists(plan, [c for c in candidates if not c.is_extern], always, first, records, measure_some,
+                    statistic)
     return _mark(plan, candidates, records, statistic, space)
 
 
 def _time_finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[Choice], first: Sequence[Choice],
-                    one_job: bool, known: set[str], records: Mapping[str, Record], measure_some: MeasureSome,
-                    statistic: str) -> None:
-    """Time the finalists again side by side (with the library calls never timed yet, `first`), unless the search
-    was `one_job` that timed them all: then they were side by side already (a near tie re-timed there)."""
+                    records: Mapping[str, Record], measure_some: MeasureSome, statistic: str) -> None:
+    """Time the finalists again together (with the library calls never timed yet, `first`), then side by side
+    (confirm.py): the search's batches left their near ties to this job."""
     finalists = _finalists(plan, configured, always, records, statistic)
-    together = one_job and not any(c.hash_key in known for c in finalists)
-    if first or (len(finalists) > 1 and not together):
-        measure_some([*first, *finalists] if first else finalists, False)
+    if first or len(finalists) > 1:
+        measure_some([*first, *finalists], "finalists")
 
 
 def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:

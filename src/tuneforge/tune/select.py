@@ -311,8 +311,8 @@ def _measure_missing(name: str, key: str, candidates: list[Choice], reference: C
         if search is not None:
             from tuneforge.tune.searched import search_candidates
 
-            def measure_some(choices: Sequence[Choice], keep_inputs: bool) -> None:
-                _measure_batch(key, choices, reference, job, found, keep_inputs)
+            def measure_some(choices: Sequence[Choice], role: str) -> None:
+                _measure_batch(key, choices, reference, job, found, role)
 
             marked = search_candidates(search, candidates, found.records, measure_some,
                                        config.get_str("autotune.statistic"), space)
@@ -326,13 +326,18 @@ def _measure_missing(name: str, key: str, candidates: list[Choice], reference: C
 
 
 def _measure_batch(key: str, choices: Sequence[Choice], reference: Choice | None, job: TrialJob, found: _Found,
-                   keep_inputs: bool = False) -> None:
-    """Measure `choices` (recorded or not), adding their records and figures to `found`. `keep_inputs`: the
-    benchmark worker keeps the example inputs and the reference's outputs for the next batch of this key."""
+                   role: str = "") -> None:
+    """Measure `choices` (recorded or not), adding their records and figures to `found`. `role` in a search
+    (searched.py): "batch" (the benchmark worker keeps the example inputs and the reference's outputs for the
+    next batch of this key, and leaves near ties to the finalists), "finalists" (those timed already are only
+    re-timed side by side)."""
     from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
 
-    if keep_inputs or job.keep_inputs:
-        job = dataclasses.replace(job, keep_inputs=keep_inputs)
+    if role or job.keep_inputs:
+        timed = {c.hash_key: r for c in choices if role == "finalists"
+                 and (r := found.records.get(c.hash_key)) is not None and r.status == "ok"}
+        job = dataclasses.replace(job, keep_inputs=role == "batch", timed=timed,
+                                  confirm={"batch": "none", "finalists": "all"}.get(role, "ties"))
     with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
         try:
             outcome = measure(job, choices, reference, on_record=commit)

@@ -32,7 +32,7 @@ from tuneforge.tune import verify
 from tuneforge.tune.bench import LONG_RUN_NS, Timing, benchmark_cpu
 from tuneforge.tune.bench_gpu import benchmark_gpu, time_side_by_side_gpu
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.confirm import CONFIDENCE, confidence, near_tie, time_side_by_side
+from tuneforge.tune.confirm import CONFIDENCE, PAIRED_SCALE, confidence, contenders, near_tie, time_side_by_side
 from tuneforge.tune.device import DeviceContextLost, is_sticky_cuda_error
 from tuneforge.tune.events import (
     ChoiceConfirmed,
@@ -238,11 +238,12 @@ class Trials:
         return self._timed(choice, timing, screened.info)
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
-        """Re-time a near tie of the two fastest, or a narrow win over the reference, side by side (see
-        confirm.py): their new records, by index."""
+        """Re-time a near tie of the two fastest, or a narrow win over the reference (the job's `confirm`
+        "all": every choice timed), side by side (see confirm.py): their new records, by index."""
         # a choice timed on a sample only was never checked on the whole problem: it must not win here
-        tie = near_tie([(choice, record) for _, choice, record in results if SAMPLED not in record.method],
-                       config.get_str("autotune.statistic"), self.reference)
+        whole = [(choice, record) for _, choice, record in results if SAMPLED not in record.method]
+        statistic = config.get_str("autotune.statistic")
+        tie = contenders(whole, statistic) if self.job.confirm == "all" else near_tie(whole, statistic, self.reference)
         if not tie:
             return []
         index = {id(choice): i for i, choice, _ in results}
@@ -264,13 +265,21 @@ class Trials:
         finally:
             self.bench_s += time.perf_counter() - started
             verify.restore(args, self.initial)
-        statistic = config.get_str("autotune.statistic")
         fastest = min(range(len(tie)), key=lambda i: timings[i].stat(statistic))
         sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]
-        return [(index[id(choice)], make_record(self.job, choice, "ok", timing=timing,
-                                                info={**record.info, CONFIDENCE: sure} if i == fastest else
-                                                {k: v for k, v in record.info.items() if k != CONFIDENCE}))
-                for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True))]
+        # Paired rounds can run at another level than the first timings, which the other choices keep (a library's
+        # threads spinning between the batches: 128^3 kernels paired beside numpy measured 5-15% slower): the
+        # re-timed keep their ratios, anchored at the fastest first timing among them, so that a choice they beat
+        # before cannot overtake them now by the change of method alone.
+        anchor = min(t for _, r in tie if (t := r.time(statistic))) / timings[fastest].stat(statistic)
+        confirmed = []
+        for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True)):
+            info = {k: v for k, v in record.info.items() if k != CONFIDENCE} | {PAIRED_SCALE: round(anchor, 4)}
+            if i == fastest:
+                info[CONFIDENCE] = sure
+            confirmed.append((index[id(choice)], make_record(self.job, choice, "ok", timing=timing.scaled(anchor),
+                                                             info=info)))
+        return confirmed
 
     def finish(self) -> None:
         # on a broken CUDA context every copy fails: nothing can be restored
@@ -383,6 +392,11 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
     results = []
     screen_s = _screen_budget(trials, len(choices))
     for i, choice in enumerate(choices):
+        earlier = trials.job.timed.get(choice.hash_key)
+        if earlier is not None:  # timed in an earlier batch: left to the side-by-side re-timing
+            emit(ChoiceResult(i, earlier))
+            results.append((i, choice, earlier))
+            continue
         emit(ChoiceStarted(i))
         record = trials.run(choice, screen_s)
         emit(ChoiceResult(i, record))
@@ -397,8 +411,9 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
                 emit(ChoiceConfirmed(i, record))
                 results[pos] = (i, choice, record)
     _settle_sampled(trials, results, emit)
-    for i, record in trials.confirm(results):
-        emit(ChoiceConfirmed(i, record))
+    if trials.job.confirm != "none":
+        for i, record in trials.confirm(results):
+            emit(ChoiceConfirmed(i, record))
 
 
 def _settle_sampled(trials: Trials, results: list[tuple[int, Choice, Record]], emit: Callable[[Event], None]) -> None:

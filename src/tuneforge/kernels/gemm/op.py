@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -72,7 +72,16 @@ def choices(problem: Problem, space: str = "default", library: str = "numpy",
     few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
     reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
                  else ExternChoice(numpy_gemm, name="numpy_matmul"))
-    return [reference, *blocked.choices(configs), *SMALL_M.choices(few_rows)]
+    kernels = [*blocked.choices(configs), *SMALL_M.choices(few_rows)]
+    if exhaustive:  # a search of the exhaustive space starts from the default space's picks
+        heuristic = {_marker(c) for c in [*default_space(problem), *small_m_space(problem, cpu_info(), max_threads())]}
+        for choice in kernels:
+            choice.suggested = _marker(choice.params) in heuristic
+    return [reference, *kernels]
+
+
+def _marker(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
 
 
 def check_operands(a: Any, b: Any, out: Any, bias: Any) -> None:
