@@ -271,3 +271,13 @@ def test_a_search_of_the_exhaustive_space_starts_from_the_default_one(shape: tup
     default = {json.dumps(c.params, sort_keys=True) for c in gemm_choices(problem, "default")[1:]}
     assert marked == default and default  # every default configuration lies in the exhaustive space, marked
     assert not any(c.suggested for c in gemm_choices(problem, "default"))
+
+
+def test_the_exhaustive_space_leaves_one_thread_out_where_work_is_ample() -> None:
+    from tuneforge.kernels.gemm.space import AMPLE_FLOPS
+
+    ample, less = Problem(512, 512, 512, "float32"), Problem(500, 512, 512, "float32")
+    assert ample.flops >= AMPLE_FLOPS > less.flops
+    assert {c["threads"] for c in exhaustive_space(ample, threads=2)} == {2}
+    assert {c["threads"] for c in exhaustive_space(less, threads=2)} == {1, 2}
+    assert {c["threads"] for c in exhaustive_space(ample, threads=1)} == {1}  # kernel_threads=1: one is all there is
