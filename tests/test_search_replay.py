@@ -146,3 +146,14 @@ def test_a_replay_stops_each_run_at_the_recorded_best(tmp_path: Path) -> None:
     results = replay(recording, "random", seeds=5)
     assert all(r.stopped == "target" and r.best_cost == recording.best for r in results)
     assert [r.evaluations for r in results] == [c for c in reached(results, recording.best, (0.0,))[0].evaluations]
+
+
+def test_a_replay_gives_the_strategy_its_suggestions(tmp_path: Path) -> None:
+    recording, = recordings(read_records(recorded_run(tmp_path / "run.json")))
+    near = dict(OPTIMUM, UNROLL=1)  # a heuristic pick one step from the best
+    hinted = replay(recording, "default", seeds=5, suggested=[near])
+    assert all(r.history[0][0] == near for r in hinted)  # timed first, in place of the random samples
+    step = len(recording.space.neighbours(near, 2))
+    assert all(r.evaluations <= 1 + step for r in hinted)  # the best is among its first neighbours
+    blind = replay(recording, "default", seeds=5)
+    assert sum(r.evaluations for r in hinted) < sum(r.evaluations for r in blind)

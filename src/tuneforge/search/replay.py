@@ -94,13 +94,15 @@ def _library_call(record: Record) -> bool:
 
 
 def replay(recording: Recording, strategy: str, *, seeds: int = 20, budget: Budget | None = None, batch: int = 1,
-           options: Mapping[str, Any] | None = None) -> list[SearchResult]:
-    """`strategy` run once per seed (0..seeds-1) against the recording, each run until its `budget` is spent or
-    it has found the recorded best: nothing after that changes its curve, and a search driven to the end of a
-    thousand-point space costs seconds a seed where finding the best takes milliseconds."""
+           options: Mapping[str, Any] | None = None, suggested: Sequence[Config] = ()) -> list[SearchResult]:
+    """`strategy` run once per seed (0..seeds-1) against the recording (given the `suggested` points, as a
+    selection gives it its suggested choices), each run until its `budget` is spent or it has found the recorded
+    best: nothing after that changes its curve, and a search driven to the end of a thousand-point space costs
+    seconds a seed where finding the best takes milliseconds."""
     results = []
     for seed in range(seeds):
         strat = make(strategy, recording.space, seed=seed, **dict(options or {}))
+        strat.suggest(suggested)
         results.append(search(recording.space, strat, recording.evaluate, budget, batch=batch,
                               space_size=recording.size, stop_at=recording.best))
     return results
