@@ -306,3 +306,21 @@ def test_screening_is_off_with_a_ratio_of_zero_or_few_choices(tuning: Path) -> N
     few = [ExternChoice(run, name=f"d{i}") for i in range(8)]
     selection = select_detailed("few", few, [np.ones(8), np.ones(8)], out=np.empty(8))
     assert not any("+screened" in r.method for r in default_records().get(selection.key))
+
+
+def test_a_search_batch_times_each_build_s_fastest_fully() -> None:
+    """Screened (brief) figures rank configurations within a build; a search ranks builds by their fastest one, so in
+    its batches (confirm "none") each build of several configurations gets its fastest timed fully as well."""
+    from types import SimpleNamespace
+
+    from tuneforge.tune.trials import SCREEN_KEEP, _contenders
+
+    def entry(build: str | None, ms: float) -> Any:
+        choice = SimpleNamespace(render_identity=build) if build else named("lib")
+        return (0, choice, record(f"{build}{ms}", ms, method="cpu-perf_counter+screened"))
+
+    # build a: the five fastest; build b: its best 10% behind; c: a single configuration; d: beyond the screen ratio
+    results = [entry("a", 1.0 + 0.01 * i) for i in range(5)] + [entry("b", 1.1), entry("b", 1.2), entry("c", 1.05),
+                                                                    entry("d", 2.0), entry("d", 2.1), entry(None, 1.3)]
+    assert _contenders(results, "median") == list(range(SCREEN_KEEP))  # the fastest four, all of build a
+    assert _contenders(results, "median", per_build=True) == [*range(SCREEN_KEEP), 5]  # and b's fastest

@@ -50,7 +50,8 @@ class TrialJob:
     keep_inputs: bool = field(default=False, compare=False)
     # What is re-timed side by side after the trials (confirm.py): "ties" (near ties, and a narrow win over the
     # reference), "all" (every choice timed: a search's finalists) or "none" (a search's batch, which leaves it to
-    # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10).
+    # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10; and whose screening times
+    # each build's fastest configuration fully: trials._contenders).
     confirm: str = field(default="ties", compare=False)
     # Choices timed in an earlier batch of this selection, by hash: their records stand (checked on these very
     # inputs) and they run again only in the side-by-side re-timing (a search's finalists: a full second timing
