@@ -60,10 +60,10 @@ class CoordinateDescent(Strategy):
             problem = self.space.problem(config)
             if problem is not None:
                 raise SpaceError(f"coordinate_descent: the suggested {dict(config)} is not in the space: {problem}")
-        fresh = {self.space.key(c): dict(c) for c in configs if not self.seen(c)}
-        if fresh:
-            self._starts.extend(fresh.values())
-            self._queue.extend(c for c in fresh.values() if c not in self._queue)
+        unique = list({self.space.key(c): dict(c) for c in configs}.values())
+        if unique:
+            self._starts.extend(unique)
+            self._queue.extend(unique)
             self._initial = 0
 
     def _propose(self, n: int) -> list[Config]:

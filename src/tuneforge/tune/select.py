@@ -334,9 +334,9 @@ def _measure_batch(key: str, choices: Sequence[Choice], reference: Choice | None
     from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
 
     if role or job.keep_inputs:
-        timed = {c.hash_key: r for c in choices if role == "finalists"
-                 and (r := found.records.get(c.hash_key)) is not None and r.status == "ok"}
-        job = dataclasses.replace(job, keep_inputs=role == "batch", timed=timed,
+        earlier = [r for c in choices if (r := found.records.get(c.hash_key)) is not None and r.status == "ok"]
+        job = dataclasses.replace(job, keep_inputs=role == "batch",
+                                  timed={r.choice: r for r in earlier} if role == "finalists" else {},
                                   confirm={"batch": "none", "finalists": "all"}.get(role, "ties"))
     with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
         try:

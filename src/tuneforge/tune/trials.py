@@ -18,6 +18,7 @@ nothing more can run in this process (a benchmark worker exits, and its parent s
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -392,7 +393,7 @@ def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str, p
     picked = [pos for _, pos in near[:SCREEN_KEEP]]
     if per_build:
         builds = [getattr(choice, "render_identity", None) for _, choice, _ in results]
-        shared = {b for b in builds if b is not None and builds.count(b) > 1}
+        shared = {b for b, n in collections.Counter(builds).items() if b is not None and n > 1}
         fastest: dict[str, int] = {}
         for _, pos in near:
             if (build := builds[pos]) is not None and build in shared:
