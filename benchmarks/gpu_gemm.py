@@ -6,9 +6,11 @@ For each shape and dtype, in processes of their own:
 1. Inductor, torch.compile(a @ b, mode="max-autotune-no-cudagraphs"): the first call with empty
    TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR (cold), then in another process with the same ones (warm);
 2. tuneforge.gemm: the first call with empty TUNEFORGE_CACHE_DIR and TRITON_CACHE_DIR (cold tuning), the
-   winner read from the records it wrote; then a fresh process with the same directories (warm: from
+   winner read from the records it wrote; then fresh processes with the same directories (warm: from
    before `import tuneforge` to the first tuned result); with redis-server on PATH, the cold process also
-   writes to a Redis and one more process with empty local directories reads from it (fresh machine);
+   writes to a Redis and processes with empty local directories read from it (fresh machine); each warm
+   figure is the median of --warm-processes (3) processes, since one process carries the host's load of
+   its moment (run 9: one case's every step 1.5x slower);
 3. steady state, in the warm tuneforge process after its first call: every result checked against a
    float32 product on fresh random inputs (relative Frobenius error), then cuBLAS, Inductor's compiled
    function and tuneforge timed in interleaved rounds, one run of each system a round (CUDA events, the L2
@@ -23,9 +25,11 @@ from when the inputs are on the GPU and cuBLAS's handle exists to torch.cuda.syn
 Progress goes to stderr, the children's own output (Inductor's autotuning tables...) to
 gpu_gemm-children.log; the table, geometric means and targets to stdout; the figures to
 benchmarks/results/gpu_gemm.json (gpu_gemm-subset.json for another set of cases), and all of it to $OUT/
-where that is set (the device tool's output folder). The default 16 cases should take about 5 minutes
-on an H100 (estimated, not yet measured); no measurement starts after --budget-s (540 s), so that one
-call of at most 10 minutes always ends with the table. Exit status 2 when there is no CUDA GPU (or no torch/triton).
+where that is set (the device tool's output folder). A case takes 55-70 s on an H100 (run 9: Inductor's
+cold and warm processes 17-27 s of it; --prepared adds one more cold process), so the default 16 cases need
+about 16 minutes: give one call of at most 10 minutes a subset (--dtypes float16, --shapes). No
+measurement starts after --budget-s (540 s), so such a call always ends with the table. Exit status 2 when
+there is no CUDA GPU (or no torch/triton).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,7 +80,7 @@ from gpu_common import (
     write_results,
 )
 
-EST_CASE_S = 18.0  # estimated per case on an H100: 4-5 processes, of which Inductor's cold compile is 3-5 s
+EST_CASE_S = 60.0  # per case on an H100 (run 9: 55-70 s; Inductor's cold and warm processes 17-27 s of it)
 TIMEOUTS = {"cold": 150.0, "warm": 90.0, "steady": 150.0}
 REPO = Path(__file__).resolve().parent.parent
 
@@ -209,7 +214,10 @@ class Runner:
         left = self.deadline - time.monotonic()
         if left < 5:
             return {"failed": "skipped: the run's time budget (--budget-s) is spent"}
-        return run_task(task, self.args.launch, self.tmp, min(TIMEOUTS[what], left))
+        result = run_task(task, self.args.launch, self.tmp, min(TIMEOUTS[what], left))
+        if "failed" in result and left < TIMEOUTS[what] and "timed out" in result["failed"]:
+            result["failed"] += f": the run's time budget (--budget-s) left it {left:.0f} of its {TIMEOUTS[what]:.0f} s"
+        return result
 
     def case(self, shape: Shape, dtype: str, label: str) -> Row:
         row: Row = {"shape": shape_text(shape), "dtype": dtype, "notes": []}
@@ -245,6 +253,13 @@ class Runner:
             log(f"{label} {what}: " + (f"{row[field]:.3g} {unit}" if field in row else "failed") +
                 (f" ({', '.join(f'{k} {v}' for k, v in steps.items())})" if steps and scale != 1 else ""))
 
+        gathered: dict[str, list[float]] = {}
+
+        def gather(field: str) -> None:
+            """Keep a repeated first call's figure (the row holds the latest until the median replaces it)."""
+            if field in row:
+                gathered.setdefault(field, []).append(row.pop(field))
+
         if not self.args.skip_inductor:
             first(self.run({**common, "kind": "inductor", "env": inductor_env}, "cold"), "Inductor cold",
                   "inductor_cold_s", 1.0)
@@ -266,16 +281,25 @@ class Runner:
             first(self.run({**common, "kind": "inductor", "env": inductor_env}, "warm"), "Inductor warm",
                   "inductor_warm_ms", 1e3)
         if remote:
-            fresh = {**own_caches("fresh"), **remote}
-            first(self.run({**common, "kind": "tuneforge", "env": fresh, "what": "fresh machine + Redis"}, "warm"),
-                  "tuneforge fresh machine + Redis",
-                  "redis_warm_ms", 1e3)
+            for i in range(self.args.warm_processes):  # empty local caches each time: only Redis is warm
+                fresh = {**own_caches(f"fresh{i}"), **remote}
+                first(self.run({**common, "kind": "tuneforge", "env": fresh, "what": "fresh machine + Redis"}, "warm"),
+                      "tuneforge fresh machine + Redis", "redis_warm_ms", 1e3)
+                gather("redis_warm_ms")
+        for _ in range(self.args.warm_processes - 1):  # first calls only; the steady process gives the last one
+            first(self.run({**common, "kind": "tuneforge", "env": tf_env, "what": "warm"}, "warm"), "tuneforge warm",
+                  "tuneforge_warm_ms", 1e3)
+            gather("tuneforge_warm_ms")
         steady_task = {**common, "kind": "tuneforge", "env": tf_env, "steady": True, "inductor_env": inductor_env,
                        "skip_inductor": self.args.skip_inductor,
                        "what": "warm",
                        "rounds": self.args.rounds, "rep_ms": self.args.rep_ms}
         warm = self.run(steady_task, "steady")
         first(warm, "tuneforge warm", "tuneforge_warm_ms", 1e3)
+        gather("tuneforge_warm_ms")
+        for field in ("redis_warm_ms", "tuneforge_warm_ms"):
+            if gathered.get(field):  # one process's figure carries the host's load of the moment: the median
+                row[field], row[field.replace("_ms", "_all_ms")] = statistics.median(gathered[field]), gathered[field]
         if "rounds" not in warm:  # the process died (a sticky CUDA error?): cuBLAS and Inductor without tuneforge
             retry = self.run({**steady_task, "without_tuneforge": True}, "steady")
             warm = {**warm, **{key: retry[key] for key in ("rounds", "errors", "failures") if key in retry}}
@@ -308,6 +332,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting measurements after this")
     parser.add_argument("--launch", choices=["fork", "spawn"], default="fork")
     parser.add_argument("--no-redis", action="store_true", help="skip the fresh-machine-with-Redis figure")
+    parser.add_argument("--warm-processes", type=int, default=3, metavar="N",
+                        help="fresh processes per warm figure (first call, fresh machine + Redis): the median of N")
     parser.add_argument("--prepared", type=float, default=0.0, metavar="S",
                         help="also tune each case cold in a program that called tuneforge.prepare('cuda') S seconds "
                              "before (its other work)")
@@ -318,7 +344,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="profile tuneforge's first calls (cProfile, into the children's log)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.warm_processes < 1:
+        parser.error(f"--warm-processes must be 1 or more, not {args.warm_processes}")
+    return args
 
 
 def cases(args: argparse.Namespace) -> list[tuple[Shape, str]]:
