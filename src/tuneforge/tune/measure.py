@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import field
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tuneforge import config
 from tuneforge.compile.pool import default_pool
@@ -26,6 +27,9 @@ from tuneforge.tune.events import ChoiceConfirmed, ChoiceResult, Event, TrialsDo
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failure
 from tuneforge.tune.protocol import check_pickle
 from tuneforge.tune.trials import run_trials
+
+if TYPE_CHECKING:
+    from tuneforge.tune.setup_ahead import SetupAhead
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -82,6 +86,21 @@ def _split(job: TrialJob, choices: Sequence[Choice],
     return remote, local, {i: check.main_names for i, check in checks.items()}
 
 
+def _setup_ahead(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
+                 builds: Sequence[Future[Any]]) -> SetupAhead | None:
+    """The worker makes the inputs and runs the reference while the choices compile (setup_ahead.py), where there
+    are builds to wait for and the reference needs none: a compiled reference that crashes or hangs would do so
+    twice, here and in the job proper."""
+    from tuneforge.tune import runner
+
+    if not _isolating(job, choices) or runner.in_worker() or all(f.done() for f in builds) or \
+            (reference is not None and not reference.is_extern):
+        return None
+    from tuneforge.tune.setup_ahead import SetupAhead
+
+    return SetupAhead(job, reference)
+
+
 def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             on_record: Callable[[Record], None] | None = None) -> Outcome:
     outcome = Outcome()
@@ -107,6 +126,7 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         # fork, and this thread waiting for it.
         prestart(job.device, job.libraries())
     futures = {c.hash_key: c.build(pool) for c in to_build}
+    ahead = _setup_ahead(job, choices, reference, list(futures.values()))
     pool.wait(list(futures.values()))
     built = []
     for c in choices:
@@ -124,6 +144,17 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     # Library calls last: their thread pools can keep spinning after they return (see Trials).
     built.sort(key=lambda c: c.is_extern)
     remote, local, main_names = _split(job, built, reference)
+    if ahead is not None:
+        waited_start, waited_setup = ahead.join()  # what is left of the worker's start and of making the inputs
+        outcome.startup_s += waited_start
+        outcome.setup_s += waited_setup
+        if ahead.reference_death is not None and remote and reference is not None:
+            from tuneforge.tune.runner import reference_died
+
+            reference_died(job, remote, reference, *ahead.reference_death, record)
+            remote = []
+        elif not remote:
+            ahead.release()
     if remote:
         from tuneforge.tune.runner import run_isolated
 

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from tuneforge import config
@@ -204,6 +204,27 @@ def _discard(device: str = "cpu") -> None:
         worker.kill()
 
 
+discard_worker = _discard  # for setup_ahead, which holds the lock through worker_for
+
+
+@contextlib.contextmanager
+def worker_for(job: TrialJob) -> Iterator[WorkerProcess]:
+    """The ready worker of `job`'s device, held (no other job reaches it) until the block ends."""
+    with _lock:
+        if _in_worker:
+            raise RuntimeError("the benchmark worker starts no worker of its own")
+        yield _worker(job.device, job.libraries())
+
+
+def release_kept(device: str) -> None:
+    """Have the worker of `device` drop the inputs a job kept (TrialJob.keep_inputs) for a job that will not come."""
+    with _lock:
+        worker = _workers.get(device)
+        if worker is not None and worker.alive():
+            with contextlib.suppress(OSError):
+                worker.send(("release",))
+
+
 def shutdown() -> None:
     """Stop every benchmark worker (at exit, and after an interrupted selection)."""
     for device in list(_workers):
@@ -218,6 +239,11 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+def in_worker() -> bool:
+    """Whether this process is a benchmark worker (whose selections run their trials in it)."""
+    return _in_worker
 
 
 def mark_worker() -> None:
@@ -452,11 +478,7 @@ def _after_failure(job: TrialJob, remaining: list[Choice], progress: _Progress, 
         if progress.resume_at is not None:  # died between two choices: nobody to blame, go on
             return remaining[progress.resume_at:]
         if progress.reference_running and reference is not None:
-            error = (f"the reference crashed the benchmark worker ({detail})" if status == "crash" else
-                     f"the reference did not finish within {detail} (autotune.bench_timeout_s); the worker "
-                     "was killed")
-            for choice in remaining:
-                on_record(reference_failed_record(job, choice, reference.name, error, status))
+            reference_died(job, remaining, reference, status, detail, on_record)
             return []
         what = f"it was {detail}" if status == "crash" else f"no answer within {detail}"
         raise RuntimeError(f"the benchmark worker failed before any choice ran, while making the example inputs "
@@ -467,3 +489,13 @@ def _after_failure(job: TrialJob, remaining: list[Choice], progress: _Progress, 
     log.warning("%s: %s (%s)", choice.name, status, reason)
     on_record(make_record(job, choice, status, error=reason))
     return remaining[max(progress.current + 1, progress.resume_at or 0):]  # a choice confirmed late: all ran
+
+
+def reference_died(job: TrialJob, choices: Sequence[Choice], reference: Choice, status: Literal["crash", "timeout"],
+                   detail: str, on_record: Callable[[Record], None]) -> None:
+    """The reference crashed (`detail`: how the worker ended) or hung (`detail`: the limit) the worker: each choice
+    gets the stand-in record that fails the selection (nothing could be verified)."""
+    error = (f"the reference crashed the benchmark worker ({detail})" if status == "crash" else
+             f"the reference did not finish within {detail} (autotune.bench_timeout_s); the worker was killed")
+    for choice in choices:
+        on_record(reference_failed_record(job, choice, reference.name, error, status))

@@ -302,6 +302,12 @@ def _same_inputs(kept: TrialJob, job: TrialJob) -> bool:
          dict(job.generators))
 
 
+def release_kept() -> None:
+    """Drop the kept trials (their inputs hold memory, a GPU's too) when the job they were kept for will not come."""
+    global _kept
+    _kept = None
+
+
 def _trials_for(job: TrialJob, reference: Choice | None) -> Trials | None:
     """The kept trials of an earlier batch of this very job (same inputs, same reference), else None."""
     global _kept

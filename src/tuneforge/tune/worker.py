@@ -78,7 +78,7 @@ def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge.tune.events import ContextLost, JobFailed, JobUnreadable
     from tuneforge.tune.job import error_text
     from tuneforge.tune.protocol import ChannelClosed, Unreadable, receive, send
-    from tuneforge.tune.trials import run_trials
+    from tuneforge.tune.trials import release_kept, run_trials
 
     runner.mark_worker()  # a selection made in here never starts a worker of its own
     hello = receive(read_fd)
@@ -101,6 +101,9 @@ def serve(read_fd: int, write_fd: int) -> None:
             continue
         if message[0] == "exit":
             return
+        if message[0] == "release":  # the job the last one kept its inputs for will not come
+            release_kept()
+            continue
         if message[0] == "preload":
             _preload(message[1])
             continue

@@ -1,0 +1,80 @@
+"""The benchmark worker makes the example inputs and runs the reference while the choices compile
+(tune/setup_ahead.py): once per selection, before the builds end, and a reference that crashes the worker
+there fails the selection without being run again. Real compiler, real worker, real signals."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuneforge import config
+from tuneforge.errors import NoValidChoicesError, TuneforgeError
+from tuneforge.tune.choices import ExternChoice
+from tuneforge.tune.select import select_detailed
+
+from . import tuning_kernels as k
+
+N = 256
+
+
+def stamped_add(stamps: str, crash: bool, a: Any, b: Any, out: Any) -> None:
+    """The reference: adds, after writing its process and the time to `stamps`; `crash`: then segfaults."""
+    with open(stamps, "a") as f:
+        f.write(f"{os.getpid()} {time.time()}\n")
+    if crash:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    np.add(a, b, out=out)
+
+
+def reference(stamps: Path, crash: bool = False) -> ExternChoice:
+    return ExternChoice(functools.partial(stamped_add, str(stamps), crash), name="stamped_add")
+
+
+def runs(stamps: Path) -> list[tuple[int, float]]:
+    lines = stamps.read_text().splitlines() if stamps.exists() else []
+    return [(int(pid), float(when)) for pid, when in (line.split() for line in lines)]
+
+
+def test_the_worker_runs_the_reference_while_the_choices_compile(quick_tuning: Path, tmp_path: Path) -> None:
+    stamps = tmp_path / "reference.txt"
+    started = time.time()
+    s = select_detailed("ahead", k.crash_choices(["good", "good_slow"]), [np.ones(N), np.ones(N)], out=np.empty(N),
+                        reference=reference(stamps))
+    assert s.choice.params["LABEL"] == "good"
+    ran = runs(stamps)
+    assert len(ran) == 1, ran  # once: the trials took the inputs and outputs made ahead
+    pid, when = ran[0]
+    assert pid != os.getpid()  # in the worker
+    assert s.report.build_s > 0.05  # g++ ran (an empty cache)
+    assert when - started < s.report.build_s, "the reference ran only after the builds"
+
+
+def test_a_reference_that_crashes_the_worker_ahead_of_the_trials_is_not_run_again(quick_tuning: Path,
+                                                                                   tmp_path: Path) -> None:
+    stamps = tmp_path / "reference.txt"
+    with pytest.raises(NoValidChoicesError) as info:
+        select_detailed("ahead_crash", k.crash_choices(["good", "good_slow"]), [np.ones(N), np.ones(N)],
+                        out=np.empty(N), reference=reference(stamps, crash=True))
+    assert "crash: the reference crashed the benchmark worker (killed by SIGSEGV)" in info.value.reasons["stamped_add"]
+    assert len(runs(stamps)) == 1  # one worker crashed, not a second one for the trials
+
+
+def test_inputs_kept_for_trials_that_never_came_are_dropped(quick_tuning: Path, tmp_path: Path) -> None:
+    stamps = tmp_path / "reference.txt"
+    args = [np.ones(N), np.ones(N)]
+    broken = k.CRASH_TEMPLATE.choices([{"BODY": k.BAD_BODIES["broken"], "LABEL": label} for label in ("x", "y")])
+    with config.patch(autotune_force=True), pytest.raises(TuneforgeError):  # nothing compiles: nothing to time
+        select_detailed("ahead_kept", broken, args, out=np.empty(N), reference=reference(stamps))
+    assert len(runs(stamps)) == 1
+    s = select_detailed("ahead_kept", k.crash_choices(["good", "good_slow"]), args, out=np.empty(N),
+                        reference=reference(stamps))
+    assert s.choice.params["LABEL"] == "good"
+    # Had the worker kept the first selection's inputs and outputs, the second would have taken them.
+    assert len(runs(stamps)) == 2
