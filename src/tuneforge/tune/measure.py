@@ -148,11 +148,12 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         waited_start, waited_setup = ahead.join()  # what is left of the worker's start and of making the inputs
         outcome.startup_s += waited_start
         outcome.setup_s += waited_setup
-        if ahead.reference_death is not None and remote and reference is not None:
+        if ahead.reference_death is not None and reference is not None and (remote or local):
             from tuneforge.tune.runner import reference_died
 
-            reference_died(job, remote, reference, *ahead.reference_death, record)
-            remote = []
+            # Nothing runs: not in a worker it would crash again, nor here, where it would crash the caller.
+            reference_died(job, [*remote, *local], reference, *ahead.reference_death, record)
+            remote, local = [], []
         elif not remote:
             ahead.release()
     if remote:

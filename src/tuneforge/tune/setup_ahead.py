@@ -6,9 +6,11 @@ worker, started ahead of them (runner.prestart), has nothing to do. So measure()
 choices that keeps what it made (TrialJob.keep_inputs, as a search's batches do), while the builds run; the job
 proper then finds them (trials._trials_for) and goes straight to the choices.
 
-Best effort, never a second source of truth: anything that goes wrong here (the worker dies or hangs, the
-reference raises, the job cannot be read) discards what was made, and the job proper makes it again, where every
-failure is reported and recorded as before. A reference that hangs thus costs its timeout twice.
+Best effort, never a second source of truth: anything that goes wrong here (the worker dies or hangs while making
+the inputs, the reference raises, the job cannot be read) discards what was made, and the job proper makes it
+again, where every failure is reported and recorded as before. Only a reference that crashed or hung the worker is
+taken as found (`reference_death`): the selection fails at once, as the job proper would have made it fail after
+crashing or hanging a second worker.
 """
 
 from __future__ import annotations
