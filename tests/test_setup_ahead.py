@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tuneforge
 from tuneforge import config
 from tuneforge.errors import NoValidChoicesError, TuneforgeError
 from tuneforge.tune.choices import ExternChoice
@@ -44,6 +45,8 @@ def runs(stamps: Path) -> list[tuple[int, float]]:
 
 def test_the_worker_runs_the_reference_while_the_choices_compile(quick_tuning: Path, tmp_path: Path) -> None:
     stamps = tmp_path / "reference.txt"
+    # A worker that is up already: on a loaded machine, starting one can outlast two small builds.
+    assert tuneforge.prepare("cpu", wait=True)
     started = time.time()
     s = select_detailed("ahead", k.crash_choices(["good", "good_slow"]), [np.ones(N), np.ones(N)], out=np.empty(N),
                         reference=reference(stamps))
