@@ -81,3 +81,34 @@ def test_inputs_kept_for_trials_that_never_came_are_dropped(quick_tuning: Path, 
     assert s.choice.params["LABEL"] == "good"
     # Had the worker kept the first selection's inputs and outputs, the second would have taken them.
     assert len(runs(stamps)) == 2
+
+
+def stamped_torch_gemm(stamps: str, a: Any, b: Any, alpha: float, beta: float, bias: Any, out: Any) -> None:
+    """The GPU GEMM's reference (cuBLAS), after writing its process and the time to `stamps`."""
+    from tuneforge.kernels.gemm_gpu.choice import torch_gemm
+
+    stamped_add(stamps, False, np.zeros(1), np.zeros(1), np.zeros(1))
+    torch_gemm(a, b, alpha, beta, bias, out)
+
+
+@pytest.mark.gpu
+def test_a_gpus_worker_runs_cublas_while_the_triton_kernels_compile(quick_tuning: Path, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tuneforge.kernels.gemm_gpu.op import device_limits, gpu_choices
+    from tuneforge.kernels.gemm_gpu.render import Epilogue
+
+    m, n, k = 384, 640, 320  # a shape of its own: Triton's cache holds no kernel of it (static shapes)
+    triton = gpu_choices(m, n, k, "float16", Epilogue(), device_limits(0))[1:4]
+    stamps = tmp_path / "reference.txt"
+    ref = ExternChoice(functools.partial(stamped_torch_gemm, str(stamps)), name="stamped_cublas")
+    a, b = (torch.randn(rows, cols, device="cuda", dtype=torch.float16) for rows, cols in ((m, k), (k, n)))
+    out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    assert tuneforge.prepare("cuda", wait=True)
+    started = time.time()
+    s = select_detailed("ahead_gpu", triton, [a, b, 1.0, 0.0, None], out=out, reference=ref)
+    ran = runs(stamps)
+    assert len(ran) == 1 and ran[0][0] != os.getpid(), ran  # once, in the GPU's worker
+    assert s.report.isolated and s.report.build_s > 0.2  # Triton compiled
+    assert ran[0][1] - started < s.report.build_s, "cuBLAS ran only after the builds"
