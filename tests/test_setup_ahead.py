@@ -4,6 +4,7 @@ there fails the selection without being run again. Real compiler, real worker, r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import signal
@@ -18,7 +19,11 @@ import tuneforge
 from tuneforge import config
 from tuneforge.errors import NoValidChoicesError, TuneforgeError
 from tuneforge.tune.choices import ExternChoice
+from tuneforge.tune.events import ChoiceResult, Event
+from tuneforge.tune.job import TrialJob
 from tuneforge.tune.select import select_detailed
+from tuneforge.tune.specs import TensorSpec
+from tuneforge.tune.trials import run_trials
 
 from . import tuning_kernels as k
 
@@ -112,3 +117,26 @@ def test_a_gpus_worker_runs_cublas_while_the_triton_kernels_compile(quick_tuning
     assert len(ran) == 1 and ran[0][0] != os.getpid(), ran  # once, in the GPU's worker
     assert s.report.isolated and s.report.build_s > 0.2  # Triton compiled
     assert ran[0][1] - started < s.report.build_s, "cuBLAS ran only after the builds"
+
+
+def add_slowly(calls: list[float], a: Any, b: Any, out: Any) -> None:
+    """The reference of the next test: its first run (made ahead, beside compilers) takes 100 ms, later ones 60."""
+    time.sleep(0.1 if not calls else 0.06)
+    calls.append(time.time())
+    np.add(a, b, out=out)
+
+
+def test_the_references_run_made_ahead_is_not_one_of_its_timings(quick_tuning: Path) -> None:
+    spec = TensorSpec.contiguous((N,), "float64")
+    job = TrialJob(name="ahead_timing", key="test-ahead-timing", outputs=[2], arg_specs=[spec, spec], out_spec=spec)
+    calls: list[float] = []
+    ref = ExternChoice(functools.partial(add_slowly, calls), name="add_slowly")
+    events: list[Event] = []
+    run_trials(dataclasses.replace(job, keep_inputs=True, ahead=True), [], ref, events.append)
+    assert len(calls) == 1
+    with config.patch(autotune_min_repeats=2, autotune_bench_time_s=0.003):
+        run_trials(job, [ref], ref, events.append)
+    record = next(e.record for e in events if isinstance(e, ChoiceResult))
+    assert len(calls) == 3  # its check was the run made ahead; then two timed runs
+    # Counted, the 100 ms run would have made the median of two runs 80 ms.
+    assert record.count == 2 and record.time("median") < 75, (record.median_ms, record.count)

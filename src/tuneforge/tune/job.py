@@ -48,6 +48,9 @@ class TrialJob:
     # Keep the example inputs and the reference's outputs where the trials ran, for the next job of this key (a
     # search measures in batches: each would otherwise make its inputs and run its reference again)
     keep_inputs: bool = field(default=False, compare=False)
+    # Made while the choices compile (setup_ahead.py): the reference's run shared the cores with the compilers, so
+    # the job proper does not count it as one of the reference's timed runs (bench.benchmark_cpu's first_ns)
+    ahead: bool = field(default=False, compare=False)
     # What is re-timed side by side after the trials (confirm.py): "ties" (near ties, and a narrow win over the
     # reference), "all" (every choice timed: a search's finalists) or "none" (a search's batch, which leaves it to
     # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10; and whose screening times

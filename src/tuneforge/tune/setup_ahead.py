@@ -66,7 +66,7 @@ class SetupAhead:
         try:
             if not all(check.picklable and not check.main_names for check in map(check_pickle, (job, reference))):
                 return  # unpicklable, or from the main script: the job proper routes those (runner._route)
-            sent = dataclasses.replace(job.for_worker(), keep_inputs=True)
+            sent = dataclasses.replace(job.for_worker(), keep_inputs=True, ahead=True)
             with runner.worker_for(job) as worker:
                 self._ready_at = time.perf_counter()
                 self.setup_s = self._make(worker, job.device, sent, reference)

@@ -79,6 +79,7 @@ class Trials:
         self.best_ms: float | None = None  # fastest median so far: slower choices may be abandoned early
         self.reference_ns: int | None = None  # how long the reference's run took, and what inputs it wrote into
         self.reference_mutated: list[int] = []
+        self.reference_contended = job.ahead  # its run shared the cores with compilers: no timing (TrialJob.ahead)
         self.sync = _sync_device(job.device)
         self.lost: str | None = None  # the sticky CUDA error after which nothing runs or is restored here
 
@@ -190,7 +191,7 @@ class Trials:
                 # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
                 # max_bench_s, which such effects hardly change
                 long_check = checked_ns >= config.get_float("autotune.max_bench_s") * 1e9
-                counted = not whole or long_check
+                counted = (not whole or long_check) and not (reference_ns is not None and self.reference_contended)
                 # An unsampled choice whose check alone lasted max_bench_s is timed by it: a 4096^3 library call's
                 # second run was a quarter of that shape's cold tuning, and long runs vary little.
                 timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=not cold,
