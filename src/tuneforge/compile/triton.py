@@ -281,7 +281,8 @@ def artifact_key(build: TritonBuild) -> tuple[str, dict[str, Any]]:
 _compile_lock = ForkSafeLock()
 
 
-def _compile_into(staging: Path, key: str, build: TritonBuild, target: GpuTarget) -> dict[str, Any]:
+def compile_into(staging: Path, key: str, build: TritonBuild, target: GpuTarget) -> dict[str, Any]:
+    """Compile `build` for `target` into `staging` (Triton's own cache private to the call): the entry's metadata."""
     triton = import_triton()
     from triton import knobs
     from triton.compiler import ASTSource
@@ -336,7 +337,7 @@ def build(build: TritonBuild) -> TritonArtifact:
     def run_compiler(staging: Path) -> Mapping[str, Any]:
         nonlocal compiled
         compiled = True
-        return _compile_into(staging, key, build, target)
+        return compile_into(staging, key, build, target)
 
     entry = artifact_tiers.get_or_build(key, run_compiler, key_inputs=material)
     metadata = json.loads(entry.file(entry.meta["metadata"]).read_text())

@@ -6,9 +6,9 @@ the benchmarking machinery.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tuneforge import config
 from tuneforge.dataclass_lite import dataclass
@@ -116,6 +116,16 @@ def reference_failed_record(job: TrialJob, choice: Choice, reference: str, error
     (`status`: ``runtime_error`` when it raised, ``crash`` or ``timeout`` when it killed or hung the worker)."""
     return make_record(job, choice, status, error=f"not run: the reference {reference} failed: {error}",
                        info={REFERENCE_FAILED: {"reference": reference, "status": status, "error": error}})
+
+
+def reference_died(job: TrialJob, choices: Sequence[Choice], reference: Choice, status: Literal["crash", "timeout"],
+                   detail: str, on_record: Callable[[Record], None]) -> None:
+    """The reference crashed (`detail`: how the worker ended) or hung (`detail`: the limit) the worker:
+    each choice gets the stand-in record that fails the selection (nothing could be verified)."""
+    error = (f"the reference crashed the benchmark worker ({detail})" if status == "crash" else
+             f"the reference did not finish within {detail} (autotune.bench_timeout_s); the worker was killed")
+    for choice in choices:
+        on_record(reference_failed_record(job, choice, reference.name, error, status))
 
 
 def reference_failure(record: Record) -> tuple[str, str] | None:

@@ -24,7 +24,7 @@ from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.events import ChoiceConfirmed, ChoiceResult, Event, TrialsDone
-from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failure
+from tuneforge.tune.job import TrialJob, error_text, make_record, reference_died, reference_failure
 from tuneforge.tune.protocol import check_pickle
 from tuneforge.tune.trials import run_trials
 
@@ -149,8 +149,6 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
         outcome.startup_s += waited_start
         outcome.setup_s += waited_setup
         if ahead.reference_death is not None and reference is not None and (remote or local):
-            from tuneforge.tune.runner import reference_died
-
             # Nothing runs: not in a worker it would crash again, nor here, where it would crash the caller.
             reference_died(job, [*remote, *local], reference, *ahead.reference_death, record)
             remote, local = [], []

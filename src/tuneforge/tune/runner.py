@@ -55,7 +55,7 @@ from tuneforge.tune.events import (
     ReferenceRan,
     TrialsDone,
 )
-from tuneforge.tune.job import TrialJob, make_record, reference_failed_record, reference_failure
+from tuneforge.tune.job import TrialJob, make_record, reference_died, reference_failure
 from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, check_pickle, receive, send
 from tuneforge.tune.trials import run_trials
 from tuneforge.warn_once import first_time, warn_once
@@ -179,6 +179,9 @@ def prepare(device: str = "cpu", *, wait: bool = False) -> bool:
     makes its CUDA context before it takes a job: 2-3.5 s that a program's first cold selection otherwise waits
     for (an H100 host, torch 2.11), on top of its builds. `wait`: return once it is ready.
 
+    On a GPU the build pool's workers also make their first Triton compile now (compile/triton_warmup.py), whether
+    or not trials are isolated.
+
     Returns whether a worker runs (or is starting) for that device; False with ``autotune.isolate`` off, where
     trials run in the calling process and there is nothing to start.
     """
@@ -186,16 +189,19 @@ def prepare(device: str = "cpu", *, wait: bool = False) -> bool:
 
     if device == "cuda":
         device = f"cuda:{current_cuda_device()}"
-    cuda_index(device)  # "cpu" or "cuda:N", else a ValueError naming it
-    if not config.get_bool("autotune.isolate") or _in_worker:
+    index = cuda_index(device)  # "cpu" or "cuda:N", else a ValueError naming it
+    if _in_worker:
         return False
-    libraries = [name for name in PRELOADED if name in sys.modules]  # no job in view: what this process uses
-    with _lock:
-        if wait:
-            _worker(device, libraries)
-        else:
-            _started(device, libraries)
-    return True
+    isolated = config.get_bool("autotune.isolate")
+    if isolated:
+        libraries = [name for name in PRELOADED if name in sys.modules]  # no job in view: what this process uses
+        with _lock:
+            (_worker if wait else _started)(device, libraries)
+    if index is not None:  # after the worker's start: a fork while it starts would hold its exec pipe (measure.py)
+        from tuneforge.compile.triton_warmup import warm_for_gpu
+
+        warm_for_gpu(index, block=wait)
+    return isolated
 
 
 def _discard(device: str = "cpu") -> None:
@@ -489,13 +495,3 @@ def _after_failure(job: TrialJob, remaining: list[Choice], progress: _Progress, 
     log.warning("%s: %s (%s)", choice.name, status, reason)
     on_record(make_record(job, choice, status, error=reason))
     return remaining[max(progress.current + 1, progress.resume_at or 0):]  # a choice confirmed late: all ran
-
-
-def reference_died(job: TrialJob, choices: Sequence[Choice], reference: Choice, status: Literal["crash", "timeout"],
-                   detail: str, on_record: Callable[[Record], None]) -> None:
-    """The reference crashed (`detail`: how the worker ended) or hung (`detail`: the limit) the worker: each choice
-    gets the stand-in record that fails the selection (nothing could be verified)."""
-    error = (f"the reference crashed the benchmark worker ({detail})" if status == "crash" else
-             f"the reference did not finish within {detail} (autotune.bench_timeout_s); the worker was killed")
-    for choice in choices:
-        on_record(reference_failed_record(job, choice, reference.name, error, status))
