@@ -48,8 +48,13 @@ def test_prepare_warms_the_build_pool_for_the_gpu(cache_dir: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     import tuneforge
+    from tuneforge.compile import triton_warmup
     from tuneforge.compile.pool import default_pool
 
     assert tuneforge.prepare("cuda", wait=True) is True
     pool = default_pool()
     assert pool.started and len(pool.worker_pids()) == pool.workers
+    (warmed,) = triton_warmup._warming.values()
+    assert len(warmed) == pool.workers and all(f.done() and f.exception() is None for f in warmed)
+    tuneforge.prepare("cuda", wait=True)
+    assert list(triton_warmup._warming.values()) == [warmed]  # once per process and target

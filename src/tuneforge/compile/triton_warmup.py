@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import tempfile
 import uuid
 from concurrent.futures import Future, wait
@@ -82,13 +83,20 @@ def warm_build_pool(target: GpuTarget, pool: BuildPool | None = None) -> list[Fu
     return [pool.submit(TritonWarmup(target, uuid.uuid4().hex), label="triton warm-up") for _ in range(pool.workers)]
 
 
+_warming: dict[tuple[int, GpuTarget], list[Future[BuildResult]]] = {}  # (process, target) -> its warm-ups
+
+
 def warm_for_gpu(index: int, *, block: bool = False) -> None:
-    """`warm_build_pool` for CUDA device `index`'s target (torch's numbering); `block`: until the workers are warm.
-    Nothing, but a debug line, where there is no torch or no such GPU: a selection on it says so."""
+    """`warm_build_pool` for CUDA device `index`'s target (torch's numbering), once per process and target; `block`:
+    until the workers are warm. Nothing, but a debug line, where there is no torch or no such GPU: a selection on it
+    says so."""
     from tuneforge.compile.triton_env import device_target
 
     try:
-        futures = warm_build_pool(device_target(index))
+        target = device_target(index)
+        futures = _warming.get((os.getpid(), target))
+        if futures is None:
+            futures = _warming[(os.getpid(), target)] = warm_build_pool(target)
     except Exception as exc:
         log.debug("no Triton warm-up for cuda:%d: %s", index, exc)
         return
