@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,14 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("TUNEFORGE_CACHE_DIR", str(root))
     with config.patch(cache_dir=root):
         yield root
+
+
+def cuda_torch() -> Any:
+    """torch, where it has a CUDA GPU; else the test is skipped, saying why (a gpu test's first line)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    return torch
 
 
 def run_python(code: str, *, env: dict[str, str] | None = None, check: bool = True,

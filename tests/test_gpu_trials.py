@@ -27,6 +27,8 @@ from tuneforge.tune.job import TrialJob, reference_failure
 from tuneforge.tune.specs import TensorSpec
 from tuneforge.tune.trials import run_trials
 
+from .conftest import cuda_torch
+
 ILLEGAL_ACCESS = ("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
                   "asynchronously reported at some other API call, so the stacktrace below might be incorrect.")
 
@@ -254,9 +256,7 @@ def torch_out_of_bounds(a: Any, b: Any, out: Any) -> None:
 @pytest.mark.gpu
 def test_a_cuda_job_is_timed_with_events_in_its_gpus_own_worker(fresh_workers: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    torch = cuda_torch()
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     index = torch.cuda.device_count() - 1
     job = job_of(*(gpu(index, n=1 << 20) for _ in range(3)))
@@ -282,9 +282,7 @@ def torch_add_again(a: Any, b: Any, out: Any) -> None:
 
 @pytest.mark.gpu
 def test_a_near_tie_on_a_gpu_is_timed_again_side_by_side(fresh_workers: Path) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    cuda_torch()
     job = job_of(*(gpu(0, n=1 << 22) for _ in range(3)))
     choices: list[Choice] = [ExternChoice(torch_add), ExternChoice(torch_add_again)]
     records = run_isolated(job, choices, reference=choices[0])
@@ -296,9 +294,7 @@ def test_a_near_tie_on_a_gpu_is_timed_again_side_by_side(fresh_workers: Path) ->
 
 @pytest.mark.gpu
 def test_a_prepared_gpu_worker_has_its_cuda_context_before_the_first_job(fresh_workers: Path) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    cuda_torch()
     import tuneforge
 
     assert tuneforge.prepare("cuda", wait=True) is True

@@ -26,6 +26,7 @@ from tuneforge.tune.specs import TensorSpec
 from tuneforge.tune.trials import run_trials
 
 from . import tuning_kernels as k
+from .conftest import cuda_torch
 
 N = 256
 
@@ -98,9 +99,7 @@ def stamped_torch_gemm(stamps: str, a: Any, b: Any, alpha: float, beta: float, b
 
 @pytest.mark.gpu
 def test_a_gpus_worker_runs_cublas_while_the_triton_kernels_compile(quick_tuning: Path, tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    torch = cuda_torch()
     from tuneforge.kernels.gemm_gpu.op import device_limits, gpu_choices
     from tuneforge.kernels.gemm_gpu.render import Epilogue
 

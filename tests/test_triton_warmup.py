@@ -14,6 +14,8 @@ from tuneforge.compile.triton_env import GpuTarget
 from tuneforge.compile.triton_warmup import warm_build_pool
 from tuneforge.store.default import default_store
 
+from .conftest import cuda_torch
+
 
 def test_every_worker_of_the_pool_makes_a_triton_compile_and_no_kernel_is_stored(cache_dir: Path) -> None:
     with BuildPool(2) as pool:
@@ -44,9 +46,7 @@ def test_without_a_gpu_prepare_warms_nothing_and_says_nothing(cache_dir: Path,
 
 @pytest.mark.gpu
 def test_prepare_warms_the_build_pool_for_the_gpu(cache_dir: Path) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    cuda_torch()
     import tuneforge
     from tuneforge.compile import triton_warmup
     from tuneforge.compile.pool import default_pool
