@@ -37,7 +37,7 @@ class SetupAhead:
     `job.device`, in a thread started now. `join()` after the builds."""
 
     def __init__(self, job: TrialJob, reference: Choice | None) -> None:
-        self.setup_s: float | None = None  # the worker's time making them, once it has (None: nothing is kept)
+        self.kept = False  # whether the worker holds what it made (a failed reference's too, which no job takes)
         # How the reference ended the worker ("crash", how it ended / "timeout", the limit): the job proper takes
         # it as its own finding instead of crashing or hanging a worker again (runner.reference_died)
         self.reference_death: tuple[Literal["crash", "timeout"], str] | None = None
@@ -59,7 +59,7 @@ class SetupAhead:
 
     def release(self) -> None:
         """After join(): the job proper will not come (no choice built), so the worker drops what it kept."""
-        if self.setup_s is not None:
+        if self.kept:
             runner.release_kept(self._device)
 
     def _run(self, job: TrialJob, reference: Choice | None) -> None:
@@ -69,30 +69,29 @@ class SetupAhead:
             sent = dataclasses.replace(job.for_worker(), keep_inputs=True, ahead=True)
             with runner.worker_for(job) as worker:
                 self._ready_at = time.perf_counter()
-                self.setup_s = self._make(worker, job.device, sent, reference)
+                self.kept = self._make(worker, job.device, sent, reference)
         except Exception as exc:  # best effort: the job proper does it again and reports what fails
             log.debug("%s: making the inputs ahead of the builds failed: %s", job.name, exc)
 
-    def _make(self, worker: runner.WorkerProcess, device: str, job: TrialJob, reference: Choice | None) -> float | None:
-        """Send the choice-less `job` (as the worker of `device` receives it); the worker's setup seconds once it
-        kept the inputs, None when it did not."""
+    def _make(self, worker: runner.WorkerProcess, device: str, job: TrialJob, reference: Choice | None) -> bool:
+        """Send the choice-less `job` (as the worker of `device` receives it); whether the worker kept what it made."""
         timeout = config.get_float("autotune.bench_timeout_s")
         worker.send(("job", job, [], reference, self._settings))
-        kept, reference_running = True, False
+        reference_running = False
         try:
             while True:
                 event = worker.receive(timeout)
                 if isinstance(event, InputsReady):
                     reference_running = event.runs_reference
                 elif isinstance(event, ReferenceRan):
-                    reference_running, kept = False, kept and event.error is None  # nothing kept after a failure
+                    reference_running = False
                 elif isinstance(event, TrialsDone):
-                    return event.setup_s if kept else None
+                    return True
                 elif isinstance(event, (JobFailed, JobUnreadable)):
-                    return None
+                    return False
                 elif isinstance(event, ContextLost):  # the worker exits by itself
                     runner.discard_worker(device)
-                    return None
+                    return False
         except ChannelClosed:
             death = worker.death()
             runner.discard_worker(device)
@@ -102,4 +101,4 @@ class SetupAhead:
             runner.discard_worker(device)
             if reference_running:
                 self.reference_death = ("timeout", f"{timeout:g} s")
-        return None
+        return False
