@@ -88,6 +88,10 @@ BAD_BODIES = {
     "broken": "this will not compile;",
     "good": "for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];",
     "good_slow": "for (int r = 0; r < 50; ++r) for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i] + 0 * r;",
+    # right, but about a second longer to compile: the compiler evaluates 400,000 iterations of a loop
+    "slow_build": "static constexpr long z = [] { long s = 0; for (int j = 0; j < 2; ++j) for (long i = 0; "
+                  "i < 200000; ++i) s += i % 7; return s - s; }(); "
+                  "for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i] + z;",
 }
 
 

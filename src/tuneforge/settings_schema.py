@@ -164,6 +164,11 @@ SETTINGS: tuple[Setting, ...] = (
             "With more than 8 CPU choices, time each briefly first (a fifth of bench_time_s) and give the full "
             "budget only to those within this many times the fastest (0: time every choice fully).",
             in_cache_key=False),
+    Setting("autotune.stream", parsing.parse_optional_str, parsing.one_of("auto", "on", "off"), "auto",
+            "Check and time the choices already built while the others compile, in parts: auto (on a GPU, whose "
+            "CUDA-event timings the compilers on the CPU hardly disturb), on, or off (on the CPU the kernels timed "
+            "would share the cores with the compilers). Contenders are timed fully once the builds are done.",
+            in_cache_key=False),
     Setting("autotune.settle_s", parsing.parse_float, parsing.coerce_non_negative_float, 0.2,
             "Longest pause after a library call is timed, so its thread pool is idle before kernels are timed "
             "(OpenBLAS's threads spin for about 0.1-0.15 s after a call); the pause ends once the process "

@@ -60,6 +60,13 @@ class TrialJob:
     # inputs) and they run again only in the side-by-side re-timing (a search's finalists: a full second timing
     # of each cost a one-batch search 0.35 s of its 2).
     timed: Mapping[str, Record] = field(default_factory=dict, compare=False)
+    # A part of a selection whose choices are sent to the worker as their builds end (streamed.py): they are
+    # checked and timed briefly; their contenders are timed fully, and near ties side by side, by the selection's
+    # last job, among all of its choices and once the compilers are done.
+    part: bool = field(default=False, compare=False)
+    # The selection's choice count when this job holds a part of them (streamed.py), else 0: whether its choices
+    # are screened (timed briefly first, trials.screen_budget) is decided by the whole selection's count.
+    screen_among: int = field(default=0, compare=False)
     # "cpu" or "cuda:N": where the trials run and how they are timed (see device.py). Derived from the
     # specs (or the live arguments) once, here, so arguments on two GPUs fail when the job is made.
     device: str = field(init=False, default="cpu", compare=False)

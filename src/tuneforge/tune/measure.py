@@ -22,6 +22,7 @@ from tuneforge.compile.pool import default_pool
 from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
+from tuneforge.tune import runner, streamed
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.events import ChoiceConfirmed, ChoiceResult, Event, TrialsDone
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_died, reference_failure
@@ -29,6 +30,7 @@ from tuneforge.tune.protocol import check_pickle
 from tuneforge.tune.trials import run_trials
 
 if TYPE_CHECKING:
+    from tuneforge.tune.report import SelectionReport
     from tuneforge.tune.setup_ahead import SetupAhead
 
 log = logging.getLogger("tuneforge.tune")
@@ -43,11 +45,19 @@ class Outcome:
     startup_s: float = 0.0  # waiting for the benchmark worker to start (see runner.run_isolated)
     setup_s: float = 0.0  # the trials' inputs and reference run (events.TrialsDone)
     isolated: bool = False
+    streamed: int = 0  # choices checked and timed while others compiled (streamed.py)
 
     def add_trials(self, times: TrialsDone) -> None:
         self.verify_s += times.verify_s
         self.bench_s += times.bench_s
         self.setup_s += times.setup_s
+
+    def describe(self, report: SelectionReport) -> None:
+        """Give `report` the phases' seconds, and how the trials ran."""
+        report.build_s, report.verify_s, report.bench_s = self.build_s, self.verify_s, self.bench_s
+        report.startup_s, report.setup_s, report.isolated = self.startup_s, self.setup_s, self.isolated
+        if self.streamed:
+            report.extra["streamed"] = self.streamed
 
     def add(self, other: Outcome) -> None:
         """Another batch's times (a search measures in batches: its report shows their sums)."""
@@ -57,6 +67,7 @@ class Outcome:
         self.startup_s += other.startup_s
         self.setup_s += other.setup_s
         self.isolated |= other.isolated
+        self.streamed += other.streamed
 
 
 def _isolating(job: TrialJob, choices: Sequence[Choice]) -> bool:
@@ -91,8 +102,6 @@ def _setup_ahead(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
     """The worker makes the inputs and runs the reference while the choices compile (setup_ahead.py), where there
     are builds to wait for and the reference needs none: a compiled reference that crashes or hangs would do so
     twice, here and in the job proper."""
-    from tuneforge.tune import runner
-
     if not _isolating(job, choices) or runner.in_worker() or all(f.done() for f in builds) or \
             (reference is not None and not reference.is_extern):
         return None
@@ -105,12 +114,16 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             on_record: Callable[[Record], None] | None = None) -> Outcome:
     outcome = Outcome()
     reference_failed: list[tuple[str, str]] = []
+    recorded: dict[str, Record] = {}
 
     def record(r: Record) -> None:
         failure = reference_failure(r)
         if failure is not None:  # a stand-in, never stored: see job.reference_failed_record
             reference_failed.append(failure)
             return
+        if recorded.get(r.choice) == r:  # a part's record, given back by the last job (streamed.py)
+            return
+        recorded[r.choice] = r
         outcome.records.append(r)
         if on_record is not None:
             on_record(r)
@@ -119,14 +132,25 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
     to_build = list(choices) + ([reference] if reference is not None and reference not in choices else [])
     pool = default_pool()
     if _isolating(job, choices):
-        from tuneforge.tune.runner import prestart
-
         # It starts up while the choices compile. Before they are submitted: the pool may fork its workers then,
         # and a fork while this thread starts a process would keep the new process's exec-error pipe open in the
         # fork, and this thread waiting for it.
-        prestart(job.device, job.libraries())
+        runner.prestart(job.device, job.libraries())
     futures = {c.hash_key: c.build(pool) for c in to_build}
     ahead = _setup_ahead(job, choices, reference, list(futures.values()))
+    routes, parts = None, streamed.Parts()
+    if _isolating(job, choices) and not runner.in_worker() and streamed.wanted(job, list(futures.values())):
+        # Routed before they are built: a build only adds the keys of what it made, which pickle either way.
+        routes = _split(job, choices, reference)
+        if ahead is not None:
+            _joined(ahead, outcome)  # the worker is free for the first part once it has made the inputs
+        if routes[0] and (ahead is None or ahead.reference_death is None):
+            parts = streamed.run_parts(job, routes[0], reference, futures, pool, record, routes[2],
+                                       among=len(choices))
+            outcome.add_trials(parts.times)
+            outcome.startup_s += parts.startup_s
+            outcome.isolated |= parts.sent
+            outcome.streamed = len(parts.records)
     pool.wait(list(futures.values()))
     built = []
     for c in choices:
@@ -143,21 +167,28 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
 
     # Library calls last: their thread pools can keep spinning after they return (see Trials).
     built.sort(key=lambda c: c.is_extern)
-    remote, local, main_names = _split(job, built, reference)
+    local_job = job
+    if routes is None:
+        remote, local, main_names = _split(job, built, reference)
+    else:
+        sendable = {id(c) for c in routes[0]}
+        remote = parts.undecided([c for c in built if id(c) in sendable])
+        local, main_names = [c for c in built if id(c) not in sendable], routes[2]
+        job = parts.last_job(job, len(choices))
+    if parts.reference_failed:
+        remote, local = [], []  # a reference that failed in a part fails the selection (below)
     if ahead is not None:
-        waited_start, waited_setup = ahead.join()  # what is left of the worker's start and of making the inputs
-        outcome.startup_s += waited_start
-        outcome.setup_s += waited_setup
+        _joined(ahead, outcome)  # what is left of the worker's start and of making the inputs
         if ahead.reference_death is not None and reference is not None and (remote or local):
             # Nothing runs: not in a worker it would crash again, nor here, where it would crash the caller.
             reference_died(job, [*remote, *local], reference, *ahead.reference_death, record)
             remote, local = [], []
         elif not remote:
             ahead.release()
+    if parts.sent and not remote:
+        runner.release_kept(job.device)  # the parts' inputs: no last job comes for them
     if remote:
-        from tuneforge.tune.runner import run_isolated
-
-        times, startup_s = run_isolated(job, remote, reference, record, main_names)
+        times, startup_s = runner.run_isolated(job, remote, reference, record, main_names)
         outcome.add_trials(times)
         outcome.startup_s += startup_s
         outcome.isolated = True
@@ -170,10 +201,18 @@ def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             elif isinstance(event, TrialsDone):
                 outcome.add_trials(event)
 
-        run_trials(job, local, reference, emit)
+        run_trials(local_job, local, reference, emit)
     if reference_failed:
         _reference_failed(job, reference_failed[0][0], reference_failed[0][1], outcome.records)
     return outcome
+
+
+def _joined(ahead: SetupAhead, outcome: Outcome) -> None:
+    """Wait for the inputs made ahead; the seconds waited for the worker's start, then for the rest, are the
+    outcome's (a second call adds what little is left)."""
+    waited_start, waited_setup = ahead.join()
+    outcome.startup_s += waited_start
+    outcome.setup_s += waited_setup
 
 
 def _reference_failed(job: TrialJob, reference: str, error: str, records: Sequence[Record]) -> NoReturn:

@@ -254,13 +254,10 @@ def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice 
         report.extra["library_margin"] = {"kept": winner.name, "over": found.displaced.name,
                                           "margin": config.get_float("autotune.library_margin")}
     if found.nearest is not None:
-        nearest = found.nearest[1]
-        report.extra["nearest"] = {"key": nearest.key, "inputs": nearest.inputs, "distance": round(nearest.distance, 3)}
+        near = found.nearest[1]
+        report.extra["nearest"] = {"key": near.key, "inputs": near.inputs, "distance": round(near.distance, 3)}
     if found.outcome is not None:
-        outcome = found.outcome
-        report.build_s, report.verify_s, report.bench_s = outcome.build_s, outcome.verify_s, outcome.bench_s
-        report.startup_s, report.setup_s = outcome.startup_s, outcome.setup_s
-        report.isolated = outcome.isolated
+        found.outcome.describe(report)
     reporting.emit(report, benchmarked=bool(found.benchmarked))
     with _memo_lock:
         _memo[memo_key] = winner

@@ -200,10 +200,12 @@ class Trials:
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
                                        WHOLE_REPEATS if whole or (long_check and factor == 1.0) else
                                        SAMPLE_REPEATS if factor != 1.0 else None)
-                if budget_s is not None:
-                    timing = dataclasses.replace(timing, method=timing.method + "+screened")
             else:
-                timing = benchmark_gpu(lambda: choice.run(args), setup=setup, device=self.job.device)
+                warmup_s, min_repeats = gpu_screening(budget_s)
+                timing = benchmark_gpu(lambda: choice.run(args), setup=setup, device=self.job.device,
+                                       budget_s=budget_s, warmup_s=warmup_s, min_repeats=min_repeats)
+            if budget_s is not None:
+                timing = dataclasses.replace(timing, method=timing.method + "+screened")
         except Exception as exc:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
@@ -229,7 +231,9 @@ class Trials:
         args, initial, _, factor = self.problem(choice)  # where it was screened
         started = time.perf_counter()
         try:
-            timing = benchmark_cpu(lambda: choice.run(args), setup=lambda: verify.restore(args, initial, restore))
+            run, setup = (lambda: choice.run(args)), (lambda: verify.restore(args, initial, restore))
+            timing = benchmark_cpu(run, setup=setup) if self.job.device == "cpu" else \
+                benchmark_gpu(run, setup=setup, device=self.job.device)
             timing = scaled(timing, factor) if factor != 1.0 else timing
         except Exception as exc:  # it ran when screened: keep those figures
             log.warning("%s: timing %s again failed (%s); keeping its first timing", self.job.name, choice.name, exc)
@@ -363,7 +367,7 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
 SAMPLE_REPEATS, WHOLE_REPEATS = 3, 1
 CALIBRATION_MAX = 1.25  # estimates are scaled by at most this much either way (_settle_sampled)
 
-# Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices on the CPU, each is first timed for
+# Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices, each is first timed for
 # SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. The GEMV
 # and skinny GEMM spaces have 13-23 choices, most of them clearly slower: timing each fully made most of a cold
 # tuning. Fewer choices gain little, and each contender is timed twice. At most SCREEN_KEEP contenders, the
@@ -377,10 +381,25 @@ SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS, SCREEN_KEEP = 8, 0.2, 3, 4
 SCREEN_CROWD = 32
 
 
-def _screen_budget(trials: Trials, count: int) -> float | None:
-    if trials.job.device != "cpu" or count <= SCREEN_ABOVE or config.get_float("autotune.screen_ratio") <= 0:
+def screen_budget(job: TrialJob, count: int) -> float | None:
+    """The brief timing's budget for `job`'s `count` choices, or None: every choice is timed fully. The count is
+    the selection's when the job holds a part of it (TrialJob.screen_among)."""
+    count = job.screen_among or count
+    if count <= SCREEN_ABOVE or config.get_float("autotune.screen_ratio") <= 0:
         return None
+    if job.device != "cpu":
+        return SCREEN_SHARE * config.get_float("cuda.bench_time_s")
     return SCREEN_SHARE * config.get_float("autotune.bench_time_s") * min(1.0, SCREEN_CROWD / count)
+
+
+def gpu_screening(budget_s: float | None) -> tuple[float | None, int | None]:
+    """benchmark_gpu's warm-up and least repeats for a brief timing of `budget_s` (None: a full timing, the
+    settings' own). A GPU's 16 default GEMM choices timed fully took 0.7-1.4 s of an H100's 2.9-4.0 s prepared cold
+    selection, where events time a 20 us kernel within 1% in a hundred runs: the brief one's warm-up is cut
+    alike (the checked run loaded the kernel)."""
+    if budget_s is None:
+        return None, None
+    return SCREEN_SHARE * config.get_float("autotune.warmup_s"), SCREEN_REPEATS
 
 
 def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str, per_build: bool = False) -> list[int]:
@@ -411,7 +430,7 @@ def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str, p
 
 def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
     results = []
-    screen_s = _screen_budget(trials, len(choices))
+    screen_s = screen_budget(trials.job, len(choices))
     for i, choice in enumerate(choices):
         earlier = trials.job.timed.get(choice.hash_key)
         if earlier is not None:  # timed in an earlier batch: left to the side-by-side re-timing
@@ -424,6 +443,8 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
         if trials.lost is not None:
             raise trials.context_lost(choice.name, i + 1, len(choices))
         results.append((i, choice, record))
+    if trials.job.part:  # its contenders are the selection's last job's to time fully, among all (streamed.py)
+        return
     if screen_s is not None:
         for pos in _contenders(results, config.get_str("autotune.statistic"), per_build=trials.job.confirm == "none"):
             i, choice, screened = results[pos]
