@@ -225,23 +225,36 @@ def _trials_s(phases: Row) -> float:
     return float(phases["setup_s"] + phases["verify_s"] + phases["bench_s"])
 
 
+# The cold runs of a case, as format_phases shows them: (name, first call's field, phases' field, streamed field)
+COLD_RUNS = (("cold", "tuneforge_cold_s", "cold_phases", "cold_streamed"),
+             ("prepared", "prepared_cold_s", "prepared_phases", "prepared_streamed"),
+             ("unstreamed", "unstreamed_cold_s", "unstreamed_phases", "unstreamed_streamed"))
+
+
 def format_phases(rows: Sequence[Row]) -> str:
-    """Cold tuning, where its time went; 'other': imports, choices, keys, records (the first call less the phases)."""
-    lines = ["cold tuning phases (s):    shape    dtype  first  build worker  setup verify  bench  other | "
-             "in-process first  trials | isolated/in-process first trials | prepared first"]
+    """Cold tuning, where its time went, a line per cold run (the plain one; prepared: tuneforge.prepare called
+    ahead; unstreamed: prepared, with autotune.stream off); 'other': imports, choices, keys, records (the first call
+    less the phases); 'streamed': the choices checked and timed while others compiled, whose verify and bench
+    seconds lie within the build phase (then 'other' is less by as much)."""
+    lines = ["cold tuning phases (s):    shape    dtype        run  first  build worker  setup verify  bench  other "
+             "streamed | in-process first  trials | isolated/in-process first trials"]
     for row in rows:
-        phases = row.get("cold_phases")
-        if not phases:
-            continue
-        other = (row["tuneforge_cold_s"] - sum(phases.values())) if row.get("tuneforge_cold_s") else None
-        inproc = row.get("inprocess_phases") or {}
-        trials = _trials_s(inproc) if inproc else None
-        lines.append(f"{row['shape']:>32} {row['dtype']:>8} {fmt(row.get('tuneforge_cold_s'), '6.2f')} "
-                     + " ".join(f"{phases[p]:6.2f}" for p in PHASES) + f" {fmt(other, '6.2f')} | "
-                     f"{fmt(row.get('inprocess_cold_s'), '16.2f')} {fmt(trials, '7.2f')} | "
-                     f"{fmt(row.get('isolation_cold_ratio'), '25.2f')} "
-                     f"{fmt(row.get('isolation_trials_ratio'), '6.2f')} | "
-                     f"{fmt(row.get('prepared_cold_s'), '14.2f')}")
+        for run, first_field, phases_field, streamed_field in COLD_RUNS:
+            phases = row.get(phases_field)
+            if not phases:
+                continue
+            first = row.get(first_field)
+            other = first - sum(phases.values()) if first else None
+            line = (f"{row['shape']:>32} {row['dtype']:>8} {run:>10} {fmt(first, '6.2f')} "
+                    + " ".join(f"{phases[p]:6.2f}" for p in PHASES)
+                    + f" {fmt(other, '6.2f')} {fmt(row.get(streamed_field), '8d')}")
+            if run == "cold":
+                inproc = row.get("inprocess_phases") or {}
+                trials = _trials_s(inproc) if inproc else None
+                line += (f" | {fmt(row.get('inprocess_cold_s'), '16.2f')} {fmt(trials, '7.2f')} | "
+                         f"{fmt(row.get('isolation_cold_ratio'), '25.2f')} "
+                         f"{fmt(row.get('isolation_trials_ratio'), '6.2f')}")
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -374,6 +387,7 @@ def tuneforge_first(torch: Any, a: Any, b: Any, task: Row) -> tuple[Row, Callabl
     if os.environ.get("TUNEFORGE_AUTOTUNE_LOG"):
         line = last_selection(Path(os.environ["TUNEFORGE_AUTOTUNE_LOG"]))
         result["phases"], result["times"], result["pick"] = cold_phases(line), choice_times(line), logged_pick(line)
+        result["streamed"] = int(line.get("streamed", 0)) if line else None
     if profiler is not None:  # where the first call's time went, in the children's log
         print(f"=== profile of tuneforge's first call ({task.get('what', '?')}, {shape_text(task['shape'])} "
               f"{task['dtype']}): {result['first_s'] * 1e3:.1f} ms, import {result['import_s'] * 1e3:.1f} ms")

@@ -26,8 +26,8 @@ Progress goes to stderr, the children's own output (Inductor's autotuning tables
 gpu_gemm-children.log; the table, geometric means and targets to stdout; the figures to
 benchmarks/results/gpu_gemm.json (gpu_gemm-subset.json for another set of cases), and all of it to $OUT/
 where that is set (the device tool's output folder). A case takes 55-70 s on an H100 (run 9: Inductor's
-cold and warm processes 17-27 s of it; --prepared adds one more cold process), so the default 16 cases need
-about 16 minutes: give one call of at most 10 minutes a subset (--dtypes float16, --shapes). No
+cold and warm processes 17-27 s of it; --prepared adds one more cold process, --unstreamed another), so the
+default 16 cases need about 16 minutes: give one call of at most 10 minutes a subset (--dtypes float16, --shapes). No
 measurement starts after --budget-s (540 s), so such a call always ends with the table. Exit status 2 when
 there is no CUDA GPU (or no torch/triton).
 """
@@ -266,11 +266,17 @@ class Runner:
         cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote),
                          "what": "cold"}, "cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
-        row["cold_phases"], row["cold_times"] = cold.get("phases"), cold.get("times")
-        if self.args.prepared:  # the same cold selection in a program that called tuneforge.prepare("cuda") early
-            first(self.run({**common, "kind": "tuneforge", "env": own_caches("prepared"), "what": "cold prepared",
-                            "prepare_s": self.args.prepared}, "cold"), "tuneforge cold, prepared", "prepared_cold_s",
-                  1.0)
+        row["cold_phases"], row["cold_times"], row["cold_streamed"] = (cold.get(k) for k in ("phases", "times",
+                                                                                           "streamed"))
+        # the same cold selection in a program that called tuneforge.prepare("cuda") early; unstreamed: the same
+        # with autotune.stream off (the choices checked and timed only once all are built)
+        for run, stream in (("prepared", "auto"), ("unstreamed", "off")):
+            if self.args.prepared and (run == "prepared" or self.args.unstreamed):
+                env = {**own_caches(run), "TUNEFORGE_AUTOTUNE_STREAM": stream}
+                result = self.run({**common, "kind": "tuneforge", "env": env, "what": f"cold {run}",
+                                   "prepare_s": self.args.prepared}, "cold")
+                first(result, f"tuneforge cold, {run}", f"{run}_cold_s", 1.0)
+                row[f"{run}_phases"], row[f"{run}_streamed"] = result.get("phases"), result.get("streamed")
         if self.args.in_process:  # the same cold selection with its trials in the tuning process: isolation's cost
             inproc_env = {**own_caches("inproc"), "TUNEFORGE_AUTOTUNE_ISOLATE": "0"}
             inproc = self.run({**common, "kind": "tuneforge", "env": inproc_env, "what": "cold in-process"}, "cold")
@@ -337,6 +343,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prepared", type=float, default=0.0, metavar="S",
                         help="also tune each case cold in a program that called tuneforge.prepare('cuda') S seconds "
                              "before (its other work)")
+    parser.add_argument("--unstreamed", action="store_true",
+                        help="with --prepared: also tune each case so with autotune.stream off (what checking and "
+                             "timing the choices while others compile saves)")
     parser.add_argument("--skip-inductor", action="store_true",
                         help="no Inductor (a quicker run: its cold and warm first calls take 15-20 s a case)")
     parser.add_argument("--in-process", action="store_true",

@@ -230,11 +230,18 @@ def test_isolation_ratios_and_the_phases_table() -> None:
     lines = gc.format_phases([{**case, **ratios}, row()]).splitlines()
     assert len(lines) == 2  # a case without phases has no line
     cells = lines[1].replace("|", " ").split()
-    assert cells[:10] == ["4096x4096x4096", "bfloat16", "4.00", "1.00", "1.50", "0.25", "0.25", "0.50", "0.50",
-                          "2.50"]
-    assert cells[10:] == ["1.00", "1.60", "2.50", "-"]  # no prepared run
-    prepared = gc.format_phases([{**case, **ratios, "prepared_cold_s": 2.25}]).splitlines()[1]
-    assert prepared.replace("|", " ").split()[-1] == "2.25"
+    assert cells[:12] == ["4096x4096x4096", "bfloat16", "cold", "4.00", "1.00", "1.50", "0.25", "0.25", "0.50",
+                          "0.50", "-", "2.50"]  # streamed: not said
+    assert cells[12:] == ["1.00", "1.60", "2.50"]
+    prepared_phases = {"build_s": 1.25, "startup_s": 0.0, "setup_s": 0.0, "verify_s": 0.125, "bench_s": 0.25}
+    runs = gc.format_phases([{**case, **ratios, "cold_streamed": 0, "prepared_cold_s": 2.0,
+                              "prepared_phases": prepared_phases, "prepared_streamed": 9,
+                              "unstreamed_cold_s": 2.5, "unstreamed_phases": prepared_phases,
+                              "unstreamed_streamed": 0}]).splitlines()
+    assert [line.split()[2] for line in runs[1:]] == ["cold", "prepared", "unstreamed"]
+    assert runs[1].replace("|", " ").split()[10] == "0"
+    assert runs[2].split()[3:] == ["2.00", "1.25", "0.00", "0.00", "0.12", "0.25", "0.38", "9"]
+    assert runs[3].split()[3] == "2.50" and runs[3].split()[-1] == "0"
 
 
 def test_results_go_to_the_folder_and_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
