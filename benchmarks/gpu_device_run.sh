@@ -34,7 +34,8 @@ fi
     date -u
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
     "$py" -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, \
-'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__, \
+'dont_write_bytecode', sys.flags.dont_write_bytecode)"
     command -v nvcc && nvcc --version | tail -2
     command -v redis-server && redis-server --version
     nproc
