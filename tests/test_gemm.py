@@ -281,3 +281,26 @@ def test_the_exhaustive_space_leaves_one_thread_out_where_work_is_ample() -> Non
     assert {c["threads"] for c in exhaustive_space(ample, threads=2)} == {2}
     assert {c["threads"] for c in exhaustive_space(less, threads=2)} == {1, 2}
     assert {c["threads"] for c in exhaustive_space(ample, threads=1)} == {1}  # kernel_threads=1: one is all there is
+
+
+def test_a_gemv_compiles_its_few_rows_kernel_at_o2(gemm_tuning: Path) -> None:
+    """One row is bound by memory (the kernel ran as fast at -O2) and -O3 doubled its compile: a GEMV's few-rows
+    kernels carry -O2 after cpp.opt_level's -O3, so it wins; with more rows they compute and keep -O3."""
+    from tuneforge.compile.cpp import compile_command
+    from tuneforge.compile.toolchain import default_toolchain
+    from tuneforge.kernels.gemm.template import GEMV
+
+    def few_rows(m: int) -> list[TemplateChoice]:
+        return [c for c in gemm_choices(Problem(m, 512, 256, "float32")) if isinstance(c, TemplateChoice)
+                and c.template in (SMALL_M, GEMV)]
+
+    gemv, eight = few_rows(1), few_rows(8)
+    assert gemv and all(c.template is GEMV for c in gemv)
+    assert eight and all(c.template is SMALL_M for c in eight)
+    command = compile_command(gemv[0].cpp_build(), default_toolchain(), "kernel.cpp", "kernel.so")
+    assert command.index("-O2") > command.index(f"-O{config.get_str('cpp.opt_level')}")
+    assert "-O2" not in compile_command(eight[0].cpp_build(), default_toolchain(), "kernel.cpp", "kernel.so")
+    out = np.empty((1, 512), np.float32)
+    a, b = np.ones((1, 256), np.float32), np.full((256, 512), 0.5, np.float32)
+    gemv[0].run([a, b, 1.0, 0.0, None, out])  # builds and runs as before
+    np.testing.assert_allclose(out, a @ b)
