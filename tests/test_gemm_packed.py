@@ -15,7 +15,7 @@ from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space
 from tuneforge.kernels.gemm import packed as packed_module
 from tuneforge.kernels.gemm.space import max_threads, small_m_space
-from tuneforge.kernels.gemm.template import GEMV, PACKED, SMALL_M, launch_packed, pack_layout
+from tuneforge.kernels.gemm.template import FEW_COLS, GEMV, PACKED, SMALL_M, launch_packed, pack_layout
 from tuneforge.store.default import default_records
 from tuneforge.tune.select import selection_key
 
@@ -140,6 +140,21 @@ def test_the_packed_benchmark_measures_a_row(gemm_tuning: Path, monkeypatch: pyt
     assert row["max_rel_error"] < 1e-12 and row["winner"] != "?"
     assert row["packed_gflops"] > 0 and row["numpy_gflops"] > 0 and "torch_gflops" not in row
     assert row["packed_over_unpacked"] > 0 and row["cold_s"] > 0
+
+
+def test_few_columns_read_the_copy_unpacked(gemm_tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product of few columns offers the few-columns kernel, which copies B transposed itself: when it wins,
+    nothing is packed either."""
+    a, b = operands(60, 5, 200, "float64", "transposed")
+    w = tuneforge.pack_b(b)
+    few_cols = [c for c in packed_module.choices(Problem(60, 5, 200, "float64"), "default", "numpy")
+                if getattr(c, "template", None) is FEW_COLS]
+    assert few_cols
+    monkeypatch.setattr(packed_module, "choices", lambda problem, space, library: few_cols[:1])
+    out = np.empty((60, 5))
+    packed_module.gemm_packed(a, w, out, 1.0, 0.0, None, "default", "numpy")
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+    assert w.packed_bytes() == 0 and not w._packs
 
 
 @pytest.mark.parametrize("library", ["numpy", "torch"])

@@ -19,8 +19,23 @@ import numpy as np
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.dataclass_lite import dataclass
 from tuneforge.kernels.gemm import dispatch, torch_cpu
-from tuneforge.kernels.gemm.space import C_TYPES, Problem, default_space, exhaustive_space, max_threads, small_m_space
-from tuneforge.kernels.gemm.template import TEMPLATE, few_rows_template, on_host_team, runtime_args, static_args
+from tuneforge.kernels.gemm.space import (
+    C_TYPES,
+    Problem,
+    default_space,
+    exhaustive_space,
+    few_cols_space,
+    max_threads,
+    small_m_space,
+)
+from tuneforge.kernels.gemm.template import (
+    FEW_COLS,
+    TEMPLATE,
+    few_rows_template,
+    on_host_team,
+    runtime_args,
+    static_args,
+)
 from tuneforge.store.default import default_records
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.sample import RowSample
@@ -72,9 +87,11 @@ def choices(problem: Problem, space: str = "default", library: str = "numpy",
     few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
     reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
                  else ExternChoice(numpy_gemm, name="numpy_matmul"))
-    kernels = [*blocked.choices(configs), *few_rows_template(problem.m).choices(few_rows)]
+    few_cols = few_cols_space(problem, cpu_info(), max_threads(), exhaustive)
+    kernels = [*blocked.choices(configs), *few_rows_template(problem.m).choices(few_rows), *FEW_COLS.choices(few_cols)]
     if exhaustive:  # a search of the exhaustive space starts from the default space's picks
-        heuristic = {_marker(c) for c in [*default_space(problem), *small_m_space(problem, cpu_info(), max_threads())]}
+        heuristic = {_marker(c) for c in [*default_space(problem), *small_m_space(problem, cpu_info(), max_threads()),
+                                          *few_cols_space(problem, cpu_info(), max_threads())]}
         for choice in kernels:
             choice.suggested = _marker(choice.params) in heuristic
     return [reference, *kernels]

@@ -30,6 +30,7 @@ from tuneforge.kernels.gemm.op import (
 from tuneforge.kernels.gemm.op import choices as op_choices
 from tuneforge.kernels.gemm.space import C_TYPES, Problem
 from tuneforge.kernels.gemm.template import (
+    FEW_COLS,
     GEMV,
     HOST_TEAM,
     PACKED,
@@ -189,7 +190,7 @@ def _prepare(winner: Choice, a: Any, packed: PackedB, out: Any, host_team: bool)
     kernel, config = winner.kernel(), winner.config
     head = static_args(a, packed.matrix, out, config)[:-1]
     team = HOST_TEAM if host_team else 0
-    if winner.template in (SMALL_M, GEMV):  # reads the copy itself
+    if winner.template in (SMALL_M, GEMV, FEW_COLS):  # reads the copy itself
         streaming = runtime_args(config)[-1] | team
 
         def rows_call(alpha: float, beta: float, a: Any, packed: PackedB, out: Any, bias: Any) -> None:

@@ -82,6 +82,8 @@ def max_threads() -> int:
 def describe(config_: dict[str, Any]) -> str:
     """The AUTOTUNE table's info column: the tunables, compactly."""
     isa = {64: "avx512", 32: "avx2", 16: "sse/neon"}.get(config_["VEC_BYTES"], str(config_["VEC_BYTES"]))
+    if "NCOLS" in config_:
+        return f"{isa} columns={config_['NCOLS']} rows x{config_['ROWS']} t={config_['threads']}"
     if "MMAX" in config_:
         # .get: records written before FAR existed describe the configurations they tuned
         far = " far" if config_.get("FAR") else ""
@@ -131,6 +133,10 @@ def _config(p: Problem, vec: int, mr: int, nv: int, *, pack_a: int, pack_b: int,
             **blocking(p, vec, mr, nv, cpu, kc_scale, threads if par == 0 else 1), "threads": threads, "par": par}
 
 
+FEW_COLS_MAX = 8  # up to this many columns of C, the few-columns kernel (few_cols.cpp.j2) is a candidate
+FEW_COLS_ROWS = (1, 2, 3, 4, 6, 8)  # rows of A one pass of it streams together
+
+
 SMALL_TILE = (8, 2)  # the first tile tried on small problems (32 vector registers)
 
 
@@ -157,6 +163,11 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         return []
     cpu = cpu or cpu_info()
     widest = vector_widths(cpu)[0]
+    if p.n < widest // p.itemsize and p.n <= FEW_COLS_MAX:
+        # Fewer columns than one vector holds: every vector of a blocked tile runs part empty, and the few-columns
+        # kernel serves them (3000x5x700 fp32 on AVX2: the blocked configurations 1.5-7.3 ms, numpy 0.86, few
+        # columns 0.45; their three builds made a cold tuning 3.2 s instead of about 2).
+        return []
     team = threads or max_threads()
     tiles = register_tiles(widest, cpu)
     small = p.flops <= 2 * 160**3
@@ -242,6 +253,30 @@ def small_m_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False,
     for vec, (ku, pf, far), (nb, t, par) in itertools.product(widths, streams, layouts):
         configs.append({"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MMAX": rows, "KU": ku, "PF": pf, "FAR": far,
                         "NAME": "tuneforge_gemm", "MC": 0, "KC": 0, "NC": nb, "threads": t, "par": par})
+    return configs
+
+
+def few_cols_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False) -> list[dict[str, Any]]:
+    """Configurations of the few-columns kernel (N <= FEW_COLS_MAX): dot products of A's rows with B's columns,
+    vectorized along K. Its ROWS x N accumulators (and one vector of B) must fit the registers: the default space
+    builds the largest such ROWS and the largest of at most half that, the exhaustive space every one on every
+    vector width. N is compiled in, so each N builds its own: two builds are a cold tuning's share. Steady, AVX2,
+    2 threads (numpy): 3000x5x700 fp32 3 rows 333 us, 1 row 403, 2 rows 419 (698); fp64 999, 1029, 1095 (3102);
+    10000x3x256 fp32 4 rows 732, 3 rows 759, 2 rows 879 (1684); 2048x4x2048 fp64 3 rows 1482, 2 rows 1772, 1 row
+    1833 (4096)."""
+    if p.n > FEW_COLS_MAX:
+        return []
+    threads = [team] if p.flops >= AMPLE_FLOPS or team == 1 else sorted({1, team})
+    if p.flops < SHARED_FLOPS:
+        threads = [1]
+    configs = []
+    for vec in vector_widths(cpu) if exhaustive else vector_widths(cpu)[:1]:
+        fitting = [r for r in FEW_COLS_ROWS if r * p.n + 1 <= _registers(vec, cpu)]
+        if not exhaustive:
+            fitting = sorted({fitting[-1], max(r for r in fitting if 2 * r <= fitting[-1] or r == 1)})
+        for rows, t in itertools.product(fitting, threads):
+            configs.append({"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "NCOLS": p.n, "ROWS": rows,
+                            "NAME": "tuneforge_gemm", "MC": 0, "KC": 0, "NC": 0, "threads": t, "par": 0})
     return configs
 
 

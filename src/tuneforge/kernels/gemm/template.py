@@ -115,6 +115,8 @@ def sample_rows(config: Mapping[str, Any], rows: int, total: int) -> int:
     them between the threads, as the whole problem does. The few-rows kernel (M <= 32) runs the whole."""
     if "MMAX" in config:
         return total
+    if "NCOLS" in config:  # each row of C its own: whole passes of ROWS rows
+        return min(total, -(-rows // int(config["ROWS"])) * int(config["ROWS"]))
     unit = int(config["MC"]) * (1 if config["par"] else int(config["threads"]))
     return min(total, -(-rows // unit) * unit)
 
@@ -154,6 +156,12 @@ GEMV = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                       signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
                       runtime_params=SMALL_M_RUNTIME_PARAMS, flags=(*FLAGS, "-O2"), openmp=False,
                       describe=describe, sample_rows=sample_rows)
+
+# Few columns (N <= 8): dot products along K, B copied transposed. Same signature and launcher.
+FEW_COLS = KernelTemplate("tuneforge_gemm_few_cols", _source("few_cols.cpp.j2"),
+                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                          runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
+                          describe=describe, sample_rows=sample_rows)
 
 
 def few_rows_template(m: int) -> KernelTemplate:
