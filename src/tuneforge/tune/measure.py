@@ -39,7 +39,7 @@ log = logging.getLogger("tuneforge.tune")
 @dataclass
 class Outcome:
     records: list[Record] = field(default_factory=list)
-    build_s: float = 0.0
+    build_s: float = 0.0  # until every build has ended: streamed parts (verify_s, bench_s) ran within it
     verify_s: float = 0.0
     bench_s: float = 0.0
     startup_s: float = 0.0  # waiting for the benchmark worker to start (see runner.run_isolated)
