@@ -176,6 +176,8 @@ def test_gemm_configurations_sample_whole_blocks() -> None:
     assert sample_rows({**config_, "par": 1}, 150, 1000) == 200  # threads split N: whole M blocks only
     assert sample_rows(config_, 900, 1000) == 1000  # never more than the whole
     assert sample_rows({"MMAX": 8, "MC": 0, "threads": 2, "par": 0}, 4, 8) == 8  # the few-rows kernel: whole
+    few_cols = {"NCOLS": 5, "ROWS": 3, "MC": 0, "threads": 2, "par": 0}  # each row its own: whole passes of 3
+    assert [sample_rows(few_cols, rows, 1000) for rows in (100, 998, 1000)] == [102, 999, 1000]
 
 
 def test_gemm_samples_large_problems_only() -> None:
