@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
+import threading
 from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,7 +18,6 @@ import pytest
 
 import tuneforge
 from tuneforge import config
-from tuneforge.compile.pool import default_pool
 from tuneforge.errors import NoValidChoicesError
 from tuneforge.store.records import Record
 from tuneforge.tune import streamed
@@ -61,40 +60,70 @@ def job(name: str) -> TrialJob:
     return TrialJob(name=name, key=f"test-{name}", outputs=[2], arg_specs=[spec, spec], out_spec=spec)
 
 
+class Gate:
+    """A slow build's end, given by the test once `wanted` records have arrived (or by a timer after TIMEOUT_S,
+    which a test then fails on: the records waited for the build)."""
+
+    TIMEOUT_S = 30.0
+
+    def __init__(self, wanted: int) -> None:
+        self.future: Future[Any] = Future()
+        self.wanted, self.timed_out = wanted, False
+        self.records: list[Record] = []
+        self._timer = threading.Timer(self.TIMEOUT_S, self._expire)
+        self._timer.start()
+
+    def choice(self, label: str) -> k.GatedBuild:
+        return k.GatedBuild(k.add_configured, {"label": label}, self.future)
+
+    def on_record(self, r: Record) -> None:
+        self.records.append(r)
+        if len(self.records) >= self.wanted and not self.future.done():
+            self.future.set_result(None)
+
+    def _expire(self) -> None:
+        self.timed_out = not self.future.done()
+        if self.timed_out:
+            self.future.set_result(None)
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
 def test_choices_built_early_are_timed_while_a_slow_one_compiles(quick_tuning: Path, tmp_path: Path) -> None:
     stamps = tmp_path / "reference.txt"
-    slow, *early = labelled([("late", "slow_build"), ("early", "good"), ("early_slow", "good_slow")])
-    assert tuneforge.prepare("cpu", wait=True)
-    built_at: list[float] = []
-    slow.build(default_pool()).add_done_callback(lambda _: built_at.append(time.perf_counter()))
-    arrived: dict[str, float] = {}
-    records: list[Record] = []
-
-    def on_record(r: Record) -> None:
-        arrived.setdefault(r.choice_name, time.perf_counter())
-        records.append(r)
-
-    with config.patch(autotune_stream="on"):
-        outcome = measure(job("streamed"), [slow, *early], reference(stamps), on_record=on_record)
+    early = labelled([("early", "good"), ("early_slow", "good_slow")])  # compiled by g++
+    gate = Gate(wanted=2)  # the slow build ends once both early choices have their records
+    slow = gate.choice("late")
+    try:
+        with config.patch(autotune_stream="on"):
+            outcome = measure(job("streamed"), [slow, *early], reference(stamps), on_record=gate.on_record)
+    finally:
+        gate.close()
+    assert not gate.timed_out, "the early choices waited for the slow build"
     assert {r.choice_name: r.status for r in outcome.records} == {c.name: "ok" for c in [slow, *early]}
+    assert {r.choice_name for r in gate.records[:2]} == {c.name for c in early}  # before the slow one built
     assert outcome.streamed == 2 and outcome.isolated
-    assert max(arrived[c.name] for c in early) < built_at[0], "the early choices waited for the slow build"
-    assert arrived[slow.name] > built_at[0]
     # The last job gave the parts' records back: none was recorded (stored) twice.
-    assert len(records) == len({(r.choice, r.median_ms, r.method) for r in records})
+    assert len(gate.records) == len({(r.choice, r.median_ms, r.method) for r in gate.records})
     assert reference_runs(stamps) == 1  # the inputs and the reference's outputs, made once for every job
 
 
 def test_the_selections_contenders_are_timed_fully_by_its_last_job(quick_tuning: Path, tmp_path: Path) -> None:
     # 11 choices: screened (trials.SCREEN_ABOVE), though each part holds fewer
-    choices = labelled([("slow", "slow_build"), *((f"good{i}", "good") for i in range(9)), ("lagging", "good_slow")])
-    with config.patch(autotune_stream="on"):
-        s = select_detailed("streamed_screened", choices, [np.ones(N), np.ones(N)], out=np.empty(N),
-                            reference=reference(tmp_path / "reference.txt"))
-    assert s.report.extra["streamed"] >= 2
-    assert s.choice.params["BODY"] == k.BAD_BODIES["good"]
-    assert "+screened" not in s.records[s.choice.hash_key].method  # timed fully, once the builds were done
-    lagging = s.records[choices[-1].hash_key]
+    compiled = labelled([*((f"good{i}", "good") for i in range(9)), ("lagging", "good_slow")])
+    gate = Gate(wanted=len(compiled))
+    try:
+        with config.patch(autotune_stream="on"):
+            outcome = measure(job("streamed_screened"), [gate.choice("late"), *compiled],
+                              reference(tmp_path / "reference.txt"), on_record=gate.on_record)
+    finally:
+        gate.close()
+    assert not gate.timed_out and outcome.streamed == len(compiled)
+    final = {r.choice: r for r in outcome.records}  # the latest record of each choice
+    fastest = min((r for r in final.values() if r.status == "ok"), key=lambda r: r.median_ms or 0.0)
+    assert "+screened" not in fastest.method  # timed fully, once the builds were done
+    lagging = final[compiled[-1].hash_key]
     assert lagging.status == "ok" and "+screened" in lagging.method  # 50 times slower: no contender
     assert reference_runs(tmp_path / "reference.txt") == 1
 
@@ -102,17 +131,22 @@ def test_the_selections_contenders_are_timed_fully_by_its_last_job(quick_tuning:
 def test_a_choice_that_fails_in_a_part_is_recorded_once_and_not_run_again(quick_tuning: Path,
                                                                            tmp_path: Path) -> None:
     stamps = tmp_path / "reference.txt"
-    choices = labelled([("slow", "slow_build"), ("wrong", "wrong"), ("crash", "segfault"), ("fine", "good")])
-    records: list[Record] = []
-    with config.patch(autotune_stream="on"):
-        outcome = measure(job("streamed_failures"), choices, reference(stamps), on_record=records.append)
+    choices = labelled([("wrong", "wrong"), ("crash", "segfault"), ("fine", "good")])
+    gate = Gate(wanted=3)
+    try:
+        with config.patch(autotune_stream="on"):
+            outcome = measure(job("streamed_failures"), [gate.choice("late"), *choices], reference(stamps),
+                              on_record=gate.on_record)
+    finally:
+        gate.close()
+    assert not gate.timed_out
     statuses = {r.choice_name: r.status for r in outcome.records}
-    assert statuses == {choices[0].name: "ok", choices[1].name: "wrong_result", choices[2].name: "crash",
-                        choices[3].name: "ok"}
-    assert outcome.streamed >= 3
+    assert statuses == {"add_configured[label=late]": "ok", choices[0].name: "wrong_result",
+                        choices[1].name: "crash", choices[2].name: "ok"}
+    assert outcome.streamed == 3
     # Each failure once: the last job ran neither again (a second crash would be a second record).
-    counts = Counter(r.choice_name for r in records)
-    assert counts[choices[1].name] == counts[choices[2].name] == 1
+    counts = Counter(r.choice_name for r in gate.records)
+    assert counts[choices[0].name] == counts[choices[1].name] == 1
     # Ahead of the builds, then in the worker started after the crash (the crashed one's kept inputs are gone).
     assert reference_runs(stamps) == 2
 
@@ -124,7 +158,7 @@ def test_a_reference_that_fails_in_a_part_fails_the_selection(quick_tuning: Path
         measure(job("streamed_bad_reference"), choices, reference(stamps, fail=True))
     assert "the reference stamped_add" in str(info.value)
     assert "ValueError: the reference is broken" in info.value.reasons["stamped_add"]
-    # Ahead of the builds, then in the first part; the slow choice's part never came.
+    # Ahead of the builds, then in the first part (where the slow build ended first: the last job); no part after.
     assert reference_runs(stamps) == 2
 
 

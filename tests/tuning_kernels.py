@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
+from tuneforge.tune.choices import CallableChoice
 from tuneforge.tune.template import KernelTemplate
 
 
@@ -98,3 +100,25 @@ BAD_BODIES = {
 def crash_choices(names: Sequence[str]) -> list[Any]:
     return [choice for name in names
             for choice in CRASH_TEMPLATE.choices([{"BODY": BAD_BODIES[name], "LABEL": name}])]
+
+
+class GatedBuild(CallableChoice):
+    """`fn` with a configuration, whose build ends when the test completes `gate`: a slow compile without the
+    clock, for tests of what runs while builds are pending. Marked native, so that its trials go to the benchmark
+    worker as a compiled choice's do (the gate stays here: it is no part of what runs)."""
+
+    is_native = True
+
+    def __init__(self, fn: Callable[..., Any], config: Mapping[str, Any], gate: Future[Any]) -> None:
+        super().__init__(fn, config)
+        self.gate = gate
+
+    def build(self, builder: Any = None) -> Future[Any]:
+        return self.gate
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "gate"}
+
+
+def add_configured(a: Any, b: Any, out: Any, label: str = "") -> None:
+    np.add(a, b, out=out)
