@@ -155,8 +155,8 @@ def run_all(dtype: str, call: Callable[[Operands, Case], Any], after: Callable[[
 
 def winner_of(template: KernelTemplate) -> Callable[..., Choice]:
     """A stand-in for select() that picks the first configuration of `template` (of the gemm template when
-    `template` has none for this shape, else the first kernel: fewer columns than a vector get none of the gemm
-    template's): a compiled kernel answers, whatever the timings would say."""
+    `template` has none for this shape, else the first kernel: fewer columns than two vectors get none of the
+    gemm template's): a compiled kernel answers, whatever the timings would say."""
 
     def pick(name: str, choices: Sequence[Choice], inputs: Sequence[Any], **kwargs: Any) -> Choice:
         kernels = [c for c in choices if isinstance(c, TemplateChoice)]

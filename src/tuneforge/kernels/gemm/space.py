@@ -163,10 +163,12 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         return []
     cpu = cpu or cpu_info()
     widest = vector_widths(cpu)[0]
-    if p.n < widest // p.itemsize and p.n <= FEW_COLS_MAX:
-        # Fewer columns than one vector holds: every vector of a blocked tile runs part empty, and the few-columns
-        # kernel serves them (3000x5x700 fp32 on AVX2: the blocked configurations 1.5-7.3 ms, numpy 0.86, few
-        # columns 0.45; their three builds made a cold tuning 3.2 s instead of about 2).
+    if p.n < 2 * (widest // p.itemsize) and p.n <= FEW_COLS_MAX:
+        # Fewer columns than two vectors hold: the vectors of a blocked tile (two wide at least, but for 8x1/12x1
+        # on AVX2) run part empty, and the few-columns kernel serves them. Steady, AVX2, 2 threads: 3000x5x700 fp32
+        # blocked 1.5-7.3 ms, numpy 0.86, few columns 0.45 (and their three builds made a cold tuning 3.2 s instead
+        # of 1.9-2.0); fp64 3000xNx700 for N = 5, 6, 7: few columns 717, 890, 939 us, blocked 1407-1523;
+        # 4096x8x4096 fp32 4.96 ms against 10.7. At two vectors they are close: 3000x8x700 fp64 1060 against 1027.
         return []
     team = threads or max_threads()
     tiles = register_tiles(widest, cpu)
