@@ -161,8 +161,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Stop timing a choice after two runs slower than this many times the best so far (0: never).",
             in_cache_key=False),
     Setting("autotune.screen_ratio", parsing.parse_float, parsing.coerce_non_negative_float, 1.3,
-            "With more than 8 CPU choices, time each briefly first (a fifth of bench_time_s) and give the full "
-            "budget only to those within this many times the fastest (0: time every choice fully).",
+            "With more than 8 choices, time each briefly first (a fifth of bench_time_s, on a GPU of "
+            "cuda.bench_time_s) and give the full budget only to those within this many times the fastest (0: time "
+            "every choice fully).",
             in_cache_key=False),
     Setting("autotune.stream", parsing.parse_optional_str, parsing.one_of("auto", "on", "off"), "auto",
             "Check and time the choices already built while the others compile, in parts: auto (on a GPU, whose "

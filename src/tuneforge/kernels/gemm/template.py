@@ -150,7 +150,7 @@ SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
 # The same for one row (a GEMV), compiled at -O2 (after the -O of cpp.opt_level: it wins). There the kernel is bound
 # by memory: each of the 12 default configurations of 1x4096x4096 ran as fast at -O2 as at -O3 (steady,
 # interleaved, 2 threads, AMD EPYC AVX2: fp32 0.98-1.02x, fp64 0.95-1.01x), and -O3's unrolling took twice the
-# compile (0.85 -> 0.40 s a kernel unit; a cold GEMV tuning's builds 1.75-1.85 -> 1.21-1.22 s of its 3.4). With
+# compile (0.85 -> 0.40 s a kernel unit; a cold GEMV tuning's builds 1.75-1.85 -> 1.1-1.2 s of its 3.4). With
 # more rows it computes, and -O3 ran up to 20% faster (8x4096x4096 fp32): those keep SMALL_M.
 GEMV = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                       signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
