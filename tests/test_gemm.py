@@ -294,9 +294,12 @@ def test_small_problems_try_tiles_that_fit_them() -> None:
         with config.patch(kernel_isa="auto"):
             return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, dtype), avx2, threads=2)}
 
-    # 16 registers: 6x2 first, though it pads 128 rows to 132, then a tile without padding (3x4: 129 rows)
-    assert avx2_tiles((128, 128, 128)) == {(6, 2), (3, 4)}
-    assert avx2_tiles((128, 128, 128), "float64") == {(6, 2), (3, 4)}
+    # 16 registers: 6x2 first, though it pads 128 rows to 132, then a tile without padding (8x1; 3x4 would pad
+    # least but needs 17 registers)
+    assert avx2_tiles((128, 128, 128)) == {(6, 2), (8, 1)}
+    assert avx2_tiles((128, 128, 128), "float64") == {(6, 2), (8, 1)}
+    # large: the two tiles with 12 accumulators only (a third build never won there)
+    assert avx2_tiles((1024, 1024, 1024)) == {(6, 2), (4, 3)}
 
 
 def test_mid_size_problems_also_try_b_unpacked() -> None:

@@ -60,12 +60,21 @@ def _registers(vec_bytes: int, cpu: CpuInfo) -> int:
     return 32 if vec_bytes == 64 or cpu.arch in ("aarch64", "arm64") else 16
 
 
-def register_tiles(vec_bytes: int, cpu: CpuInfo) -> list[tuple[int, int]]:
+def register_tiles(vec_bytes: int, cpu: CpuInfo, spilling: bool = False) -> list[tuple[int, int]]:
     """(MR, NV) register tiles that fit the register file (MR*NV accumulators + NV B vectors + 1 A),
-    best first by the ratio of FMAs to loads."""
+    best first by the ratio of FMAs to loads; with `spilling`, also 3x4 vectors on 16 registers (17 of them: it
+    keeps accumulators on the stack and ran at 0.5-0.8x the 6x2 tile on a Zen 3, 128^3-1024^3 fp32; only the
+    exhaustive space, whose recordings hold it, still builds it)."""
     if _registers(vec_bytes, cpu) == 32:
         return [(14, 2), (8, 3), (6, 4), (12, 2), (4, 4), (28, 1), (8, 2)]
-    return [(6, 2), (4, 3), (3, 4), (8, 1), (12, 1)]
+    return [(6, 2), (4, 3), *([(3, 4)] if spilling else []), (12, 1), (8, 1)]
+
+
+def tile_count(vec_bytes: int, cpu: CpuInfo) -> int:
+    """How many register tiles the default space builds where it builds the most. With 16 registers only 6x2 and
+    4x3 reach the FMA peak: 12x1 and 8x1 ran 13-20% behind them on 512^3 and 1024^3 fp32 (Zen 3, 2 threads), and a
+    third build is 0.8-1.9 s of compiler in a cold tuning."""
+    return 3 if _registers(vec_bytes, cpu) == 32 else 2
 
 
 def max_threads() -> int:
@@ -179,9 +188,9 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         # 64^3, 100^3 and 128^3 fp32), then the tiles that divide the problem (in steps of 2% of padded work; the
         # order of register_tiles within a step). At 128^3 fp32 on 2 threads, 4x4 and 8x2 (no padding) ran at
         # 200 GFLOP/s, 14x2 (9% padding) at 172; at 64^3, 6.5 us against 8.3 on one thread (numpy: 5.7).
-        # With 16 vector registers (AVX2) 6x2 vectors comes first instead (no 8x2 there: 15 registers of 16); 3x4's
-        # 17 spill one. 128^3 fp32 (2 threads, AMD EPYC): 6x2 62 us for all its 3% padding, 3x4 65-72, 8x1 74-78;
-        # 100^3 fp32 41 us against 45-47; 128^3 fp64 121 us against 126-140.
+        # With 16 vector registers (AVX2) 6x2 vectors comes first instead (no 8x2 there: 15 registers of 16).
+        # 128^3 fp32 (2 threads, AMD EPYC): 6x2 62 us for all its 3% padding, 3x4 65-72 (it spills; no longer
+        # offered), 8x1 74-78; 100^3 fp32 41 us against 45-47; 128^3 fp64 121 us against 126-140.
         first = SMALL_TILE if SMALL_TILE in tiles else tiles[0]
         tiles = sorted(tiles, key=lambda tile: (tile != first, int(padding(p, tile[0], tile[1], widest) * 50)))
     # Packing pays off when a block is reused: skip it where A (or B) is read about once anyway, and try without
@@ -192,7 +201,7 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     thread_options = [1] if p.flops < SHARED_FLOPS or team == 1 else sorted({1, team}, reverse=True)
     if p.flops >= AMPLE_FLOPS:
         thread_options = [team]
-    chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:3]
+    chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:tile_count(widest, cpu)]
     if skinny_m:  # a tall register tile would mostly multiply zero padding
         chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
     configs = []
@@ -292,7 +301,7 @@ def exhaustive_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None
     seen = set()
     for vec in vector_widths(cpu):
         for (mr, nv), (pa, pb), unroll, loop, scale, t in itertools.product(
-                register_tiles(vec, cpu), [(1, 1), (1, 0), (0, 1), (0, 0)], (1, 4, 8), ("jr_ir", "ir_jr"),
+                register_tiles(vec, cpu, spilling=True), [(1, 1), (1, 0), (0, 1), (0, 0)], (1, 4, 8), ("jr_ir", "ir_jr"),
                 (0.5, 1.0, 2.0), teams):
             for par in ((0, 1) if t > 1 else (0,)):
                 config = _config(p, vec, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu, unroll=unroll,
