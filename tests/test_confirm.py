@@ -209,15 +209,15 @@ def test_a_drifted_first_timing_is_corrected(tuning: Path) -> None:
 def test_paired_timings_at_another_level_keep_their_place(tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tie's paired rounds ran 1.6x slower than the first pass (another library's threads between the batches):
     anchored at the fastest first timing among them, a choice outside the tie does not overtake them."""
-    from tuneforge.tune import trials
+    from tuneforge.tune import paired
 
-    side_by_side = trials.time_side_by_side
+    side_by_side = paired.time_side_by_side
 
     def slowed(*args: Any) -> Any:
         timings, rounds = side_by_side(*args)
         return [t.scaled(1.6) for t in timings], [[x * 1.6 for x in r] for r in rounds]
 
-    monkeypatch.setattr(trials, "time_side_by_side", slowed)
+    monkeypatch.setattr(paired, "time_side_by_side", slowed)
 
     def kernel(seconds: float) -> Any:
         def run(a: Any, b: Any, out: Any) -> None:
@@ -271,6 +271,39 @@ def test_many_choices_are_screened_and_only_contenders_timed_fully(tuning: Path)
         assert "+screened" in records[name].method, records[name]
     for name in ("fast", "close"):  # re-timed for the whole budget: 20 ms of 0.5 ms runs (screened: 4 ms)
         assert "+screened" not in records[name].method and records[name].count >= 12, records[name]  # a busy host
+
+
+def test_screened_contenders_are_timed_side_by_side_through_a_spell_of_contention(tuning: Path) -> None:
+    """A spell of the host's contention (here: every run slowed 2x for 60 ms) starts as the contenders' full timing
+    begins. Timed one after another, the spell fell on the fastest's whole timing and `close` won; in alternating
+    rounds it falls on both alike and fades from their medians."""
+    spell = {"start": None, "calls": 0}
+
+    def contended(seconds: float) -> float:
+        started = spell["start"]
+        return 2 * seconds if started is not None and time.perf_counter() - started < 0.06 else seconds
+
+    def make(name: str, seconds: float) -> Choice:
+        def run(a: Any, b: Any, out: Any) -> None:
+            if name == "fast":
+                spell["calls"] += 1
+                if spell["calls"] == 6:  # its check and the screening's runs are done (3, a warm-up, the check)
+                    spell["start"] = time.perf_counter()
+            spin(contended(seconds))
+            np.add(a, b, out=out)
+
+        return ExternChoice(run, name=name)
+
+    slow = [f"slow{i}" for i in range(7)]
+    choices = [*(make(name, 0.003) for name in slow), make("close", 0.0006), make("fast", 0.0005)]
+    with config.patch(autotune_bench_time_s=0.03, autotune_min_repeats=3, autotune_confirm_margin=0.0,
+                      autotune_confirm_reference_ratio=0.0, autotune_abandon_ratio=0.0):
+        selection = select_detailed("spell", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert spell["start"] is not None
+    assert selection.choice.name == "fast", {n: records[n].median_ms for n in ("fast", "close")}
+    assert "+paired" in records["fast"].method and "+paired" in records["close"].method
+    assert [c["versus"] for c in records["fast"].info["confidence"]] == ["close"]
 
 
 def test_at_most_four_contenders_are_timed_fully(tuning: Path) -> None:

@@ -229,16 +229,17 @@ def test_selecting_without_a_search_loads_no_strategy() -> None:
 
 def test_the_finalists_alone_are_re_timed_side_by_side(quick: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuneforge.search import Budget
+    from tuneforge.tune import paired as pairing
     from tuneforge.tune import trials
 
     paired: list[int] = []
-    side_by_side = trials.time_side_by_side
+    side_by_side = pairing.time_side_by_side
 
     def counted(runs: Any, *args: Any) -> Any:
         paired.append(len(runs))
         return side_by_side(runs, *args)
 
-    monkeypatch.setattr(trials, "time_side_by_side", counted)
+    monkeypatch.setattr(pairing, "time_side_by_side", counted)
     checked: list[str] = []
     run = trials.Trials.run
 

@@ -9,7 +9,9 @@ records are replaced by those paired figures (method ``+paired``):
 - the fastest and the reference (the library call the tuned op must never lose to), when a choice beat
   the reference by less than `autotune.confirm_reference_ratio`. On a 2-core VM whose read bandwidth
   moved 1.5-2x within seconds, a kernel timed 4% faster than numpy on a memory-bound shape
-  (3000x5x700 fp64) ran at 0.67x numpy in steady state.
+  (3000x5x700 fp64) ran at 0.67x numpy in steady state;
+- on the CPU, the contenders a screening left (more than 8 choices), instead of timing them one after another
+  (paired.py); a near tie among them is not re-timed again.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def contenders(results: Sequence[tuple[Choice, Record]], statistic: str) -> list
 def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str,
              reference: Choice | None = None) -> list[tuple[Choice, Record]]:
     """The choices to re-time side by side, fastest first: the two fastest fully timed ones if they are within
-    the margin of each other, and `reference` if it is not the fastest and within the reference ratio; else []."""
+    the margin of each other, and `reference` if it is not the fastest and within the reference ratio; else [],
+    also where all of those were timed side by side already."""
     margin = config.get_float("autotune.confirm_margin")
     guard = config.get_float("autotune.confirm_reference_ratio")
     timed = _timed(results, statistic)
@@ -74,7 +77,9 @@ def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str,
     own = next((item for item in timed[1:] if item[1] is reference), None) if guard > 0 else None
     if own is not None and own[0] <= best * guard and all(choice is not reference for _, choice, _ in picked):
         picked.append(own)
-    return [(choice, record) for _, choice, record in picked] if len(picked) > 1 else []
+    if len(picked) < 2 or all("+paired" in record.method for _, _, record in picked):
+        return []  # timed side by side already (a screening's contenders, paired.py)
+    return [(choice, record) for _, choice, record in picked]
 
 
 def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], object], typical_ms: float,

@@ -31,9 +31,9 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
 from tuneforge.tune.bench import LONG_RUN_NS, Timing, benchmark_cpu
-from tuneforge.tune.bench_gpu import benchmark_gpu, time_side_by_side_gpu
+from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
-from tuneforge.tune.confirm import CONFIDENCE, PAIRED_SCALE, confidence, contenders, near_tie, time_side_by_side
+from tuneforge.tune.confirm import contenders, near_tie
 from tuneforge.tune.device import DeviceContextLost, is_sticky_cuda_error
 from tuneforge.tune.events import (
     ChoiceConfirmed,
@@ -45,6 +45,7 @@ from tuneforge.tune.events import (
     TrialsDone,
 )
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
+from tuneforge.tune.paired import time_paired
 from tuneforge.tune.quiet import settle
 from tuneforge.tune.sample import SAMPLED, calibrated, scaled
 
@@ -253,39 +254,8 @@ class Trials:
         if not tie:
             return []
         index = {id(choice): i for i, choice, _ in results}
-        restore = self.restored_for_timing(sorted({m for _, r in tie for m in r.info.get("mutates_inputs", [])}))
-        args = self.args
-        typical = min(r.median_ms for _, r in tie if r.median_ms is not None)
-        started = time.perf_counter()
-        runs = [functools.partial(choice.run, args) for choice, _ in tie]
-        try:
-            if self.job.device == "cpu":
-                timings, rounds = time_side_by_side(runs, lambda: verify.restore(args, self.initial, restore),
-                                                    typical, [choice.is_extern for choice, _ in tie])
-            else:
-                timings, rounds = time_side_by_side_gpu(runs, lambda: verify.restore(args, self.initial, restore),
-                                                        typical, self.job.device)
-        except Exception as exc:  # it ran before: keep the first figures
-            log.warning("%s: re-timing the near tie failed (%s); keeping the first timings", self.job.name, exc)
-            return []
-        finally:
-            self.bench_s += time.perf_counter() - started
-            verify.restore(args, self.initial)
-        fastest = min(range(len(tie)), key=lambda i: timings[i].stat(statistic))
-        sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]
-        # Paired rounds can run at another level than the first timings, which the other choices keep (a library's
-        # threads spinning between the batches: 128^3 kernels paired beside numpy measured 5-15% slower): the
-        # re-timed keep their ratios, anchored at the fastest first timing among them, so that a choice they beat
-        # before cannot overtake them now by the change of method alone.
-        anchor = min(t for _, r in tie if (t := r.time(statistic))) / timings[fastest].stat(statistic)
-        confirmed = []
-        for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True)):
-            info = {k: v for k, v in record.info.items() if k != CONFIDENCE} | {PAIRED_SCALE: round(anchor, 4)}
-            if i == fastest:
-                info[CONFIDENCE] = sure
-            confirmed.append((index[id(choice)], make_record(self.job, choice, "ok", timing=timing.scaled(anchor),
-                                                             info=info)))
-        return confirmed
+        paired = time_paired(self, tie)  # [] when that failed: the first timings stand
+        return [(index[id(choice)], record) for (choice, _), record in zip(tie, paired, strict=bool(paired))]
 
     def finish(self) -> None:
         # on a broken CUDA context every copy fails: nothing can be restored
@@ -446,16 +416,29 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
     if trials.job.part:  # its contenders are the selection's last job's to time fully, among all (streamed.py)
         return
     if screen_s is not None:
-        for pos in _contenders(results, config.get_str("autotune.statistic"), per_build=trials.job.confirm == "none"):
-            i, choice, screened = results[pos]
-            record = trials.retime(choice, screened)
-            if record is not screened:
-                emit(ChoiceConfirmed(i, record))
-                results[pos] = (i, choice, record)
+        _time_contenders(trials, results, emit)
     _settle_sampled(trials, results, emit)
     if trials.job.confirm != "none":
         for i, record in trials.confirm(results):
             emit(ChoiceConfirmed(i, record))
+
+
+def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], emit: Callable[[Event], None]) -> None:
+    """Give the contenders of a screening their full timing: on the CPU side by side (paired.py), unless they ran
+    on a sample (each on its own cut of the rows); one after another on a GPU, whose timings hardly drift."""
+    positions = _contenders(results, config.get_str("autotune.statistic"), per_build=trials.job.confirm == "none")
+    if trials.job.device == "cpu" and trials.job.sample is None and len(positions) > 1:
+        paired = time_paired(trials, [(results[pos][1], results[pos][2]) for pos in positions])
+        for pos, record in zip(positions, paired, strict=bool(paired)):  # []: the screened figures stand
+            emit(ChoiceConfirmed(results[pos][0], record))
+            results[pos] = (results[pos][0], results[pos][1], record)
+        return
+    for pos in positions:
+        i, choice, screened = results[pos]
+        record = trials.retime(choice, screened)
+        if record is not screened:
+            emit(ChoiceConfirmed(i, record))
+            results[pos] = (i, choice, record)
 
 
 def _settle_sampled(trials: Trials, results: list[tuple[int, Choice, Record]], emit: Callable[[Event], None]) -> None:

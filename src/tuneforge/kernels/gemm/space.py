@@ -301,8 +301,8 @@ def exhaustive_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None
     seen = set()
     for vec in vector_widths(cpu):
         for (mr, nv), (pa, pb), unroll, loop, scale, t in itertools.product(
-                register_tiles(vec, cpu, spilling=True), [(1, 1), (1, 0), (0, 1), (0, 0)], (1, 4, 8), ("jr_ir", "ir_jr"),
-                (0.5, 1.0, 2.0), teams):
+                register_tiles(vec, cpu, spilling=True), [(1, 1), (1, 0), (0, 1), (0, 0)], (1, 4, 8),
+                ("jr_ir", "ir_jr"), (0.5, 1.0, 2.0), teams):
             for par in ((0, 1) if t > 1 else (0,)):
                 config = _config(p, vec, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu, unroll=unroll,
                                  loop=loop, kc_scale=scale)

@@ -1,0 +1,75 @@
+"""Re-time a few checked choices of a run of trials side by side, and make their records (confirm.py says why).
+
+Two uses: a near tie or a narrow win over the reference after every choice was timed (`Trials.confirm`), and, on
+the CPU, the contenders a brief screening left (trials.py): timed one after another, a spell of the host's
+contention (a pure FMA loop here ran at 150-180 GFLOP/s from one second to the next) fell on some of them and not
+on others, and ranked them by it; in alternating rounds it falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from tuneforge import config
+from tuneforge.store.records import Record
+from tuneforge.tune import verify
+from tuneforge.tune.bench_gpu import time_side_by_side_gpu
+from tuneforge.tune.choices import Choice
+from tuneforge.tune.confirm import CONFIDENCE, PAIRED_SCALE, confidence, time_side_by_side
+from tuneforge.tune.job import TrialJob, make_record
+
+log = logging.getLogger("tuneforge.tune")
+
+
+class Trials(Protocol):
+    """What of trials.Trials (which imports this module) the re-timing uses."""
+
+    job: TrialJob
+    args: list[Any]
+    initial: list[Any]
+    bench_s: float
+
+    def restored_for_timing(self, mutated: Sequence[int]) -> list[int]: ...
+
+
+def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]]) -> list[Record]:
+    """New records for the choices of `tie` (each with its earlier record), timed in alternating rounds on the
+    whole problem; [] when that failed (the earlier records stand)."""
+    job, args = trials.job, trials.args
+    statistic = config.get_str("autotune.statistic")
+    restore = trials.restored_for_timing(sorted({m for _, r in tie for m in r.info.get("mutates_inputs", [])}))
+    typical = min(r.median_ms for _, r in tie if r.median_ms is not None)
+    started = time.perf_counter()
+    runs = [functools.partial(choice.run, args) for choice, _ in tie]
+    try:
+        if job.device == "cpu":
+            timings, rounds = time_side_by_side(runs, lambda: verify.restore(args, trials.initial, restore),
+                                                typical, [choice.is_extern for choice, _ in tie])
+        else:
+            timings, rounds = time_side_by_side_gpu(runs, lambda: verify.restore(args, trials.initial, restore),
+                                                    typical, job.device)
+    except Exception as exc:  # they ran before: keep the first figures
+        log.warning("%s: re-timing %d choices side by side failed (%s); keeping their first timings", job.name,
+                    len(tie), exc)
+        return []
+    finally:
+        trials.bench_s += time.perf_counter() - started
+        verify.restore(args, trials.initial)
+    fastest = min(range(len(tie)), key=lambda i: timings[i].stat(statistic))
+    sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]
+    # Paired rounds can run at another level than the first timings, which the other choices keep (a library's
+    # threads spinning between the batches: 128^3 kernels paired beside numpy measured 5-15% slower): the
+    # re-timed keep their ratios, anchored at the fastest first timing among them, so that a choice they beat
+    # before cannot overtake them now by the change of method alone.
+    anchor = min(t for _, r in tie if (t := r.time(statistic))) / timings[fastest].stat(statistic)
+    records = []
+    for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True)):
+        info = {k: v for k, v in record.info.items() if k != CONFIDENCE} | {PAIRED_SCALE: round(anchor, 4)}
+        if i == fastest:
+            info[CONFIDENCE] = sure
+        records.append(make_record(job, choice, "ok", timing=timing.scaled(anchor), info=info))
+    return records
