@@ -16,7 +16,7 @@ from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
 from tuneforge.tune.confirm import MIN_ROUNDS, confidence, near_tie, time_side_by_side
-from tuneforge.tune.report import format_table
+from tuneforge.tune.report import describe_confidence, format_table
 from tuneforge.tune.select import select_detailed
 
 from .conftest import tuning_in_process
@@ -357,3 +357,10 @@ def test_a_search_batch_times_each_build_s_fastest_fully() -> None:
                                                                     entry("d", 2.0), entry("d", 2.1), entry(None, 1.3)]
     assert _contenders(results, "median") == list(range(SCREEN_KEEP))  # the fastest four, all of build a
     assert _contenders(results, "median", per_build=True) == [*range(SCREEN_KEEP), 5]  # and b's fastest
+
+
+def test_a_tie_the_rounds_do_not_decide_is_called_level() -> None:
+    clear = {"versus": "b", "rounds": 5, "faster_in": 5, "by": 0.12, "p": 0.0312}
+    assert describe_confidence(clear) == "faster than b in 5 of 5 paired rounds, by 12.0% (sign test p=0.0312)"
+    split = {"versus": "b", "rounds": 5, "faster_in": 2, "by": -0.007, "p": 0.812}
+    assert describe_confidence(split) == "level with b: faster in 2 of 5 paired rounds, by -0.7% (sign test p=0.812)"

@@ -92,9 +92,12 @@ def format_table(report: SelectionReport, limit: int | None) -> str:
 
 
 def describe_confidence(entry: dict[str, Any]) -> str:
-    """A side-by-side re-timing's verdict (confirm.confidence) in words."""
-    return (f"faster than {entry['versus']} in {entry['faster_in']} of {entry['rounds']} paired rounds, by "
-            f"{100 * entry['by']:.1f}% (sign test p={entry['p']:.3g})")
+    """A side-by-side re-timing's verdict (confirm.confidence) in words. The winner is the fastest over all its
+    paired runs; in a near tie the per-round comparison can still go the other way, and then it says so."""
+    rounds = f"{entry['faster_in']} of {entry['rounds']} paired rounds, by {100 * entry['by']:.1f}%"
+    if entry["by"] > 0 and 2 * entry["faster_in"] > entry["rounds"]:
+        return f"faster than {entry['versus']} in {rounds} (sign test p={entry['p']:.3g})"
+    return f"level with {entry['versus']}: faster in {rounds} (sign test p={entry['p']:.3g})"
 
 
 def print_table(report: SelectionReport, stream: IO[str] | None = None) -> None:
