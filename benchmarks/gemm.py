@@ -6,7 +6,7 @@
 For each dtype, thread count and shape: GFLOP/s of numpy.matmul, of torch.matmul (when torch imports) and
 of the tuned tuneforge kernel (first call tunes the `default` space cold; the figure is the steady state
 after it), tuneforge's ratio to each and to the better of the two ("best ref"; each the median of the
-ratios of 5 interleaved rounds), the share of the machine's peak (measured here with an FMA-throughput
+ratios of 9 interleaved rounds), the share of the machine's peak (measured here with an FMA-throughput
 microbenchmark) and of the roofline (the peak, or reading the operands once at the read bandwidth measured
 here for their size, whichever is lower: GEMV is bound by memory), the cold tuning time, the winning
 configuration and the verdict of the target that applies to the shape (issue 13: large, small, skinny,
@@ -50,6 +50,7 @@ FLOOR = 0.98  # never slower than this against the best reference, on any shape
 TARGETS = {"auto": {"large": 1.05, "small": 1.2, "skinny": 1.2, "odd": 1.2, "other": FLOOR},
            "avx2": {"large": 1.0, "small": 1.15, "skinny": 1.15, "odd": FLOOR, "other": FLOOR}}
 COLD_TUNE_S = 3.0
+ROUNDS, ROUND_S = 9, 0.15  # interleaved rounds of each side's steady timing, and each one's length
 
 
 def category(shape: Shape) -> str:
@@ -91,7 +92,9 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def steady_gflops(fn: Any, flops: int, budget_s: float = 1.0) -> float:
-    time.sleep(0.2)  # the other side's idle threads stop spinning (OpenBLAS's for 0.1-0.15 s after a call)
+    from tuneforge.tune.quiet import settle
+
+    settle(0.2)  # the other side's idle threads stop spinning (OpenBLAS's for 0.1-0.15 s after a call)
     fn()
     times: list[float] = []
     deadline = time.perf_counter() + budget_s
@@ -153,12 +156,14 @@ def measure(m: int, n: int, k: int, dtype: str, threads: int, peak: float, with_
     # Interleaved short rounds, compared pairwise: the host's memory bandwidth shifts by up to 1.5x
     # for seconds at a time, and a ratio of medians taken in different phases can say 0.8x or 1.5x.
     # The read bandwidth is measured in every round too, so that the roofline sees the same phases.
-    for _ in range(5):
+    # Nine rounds of 0.15 s rather than five of 0.25: on a host whose FMA throughput itself moved 150-180
+    # GFLOP/s from one second to the next, a numpy pick (the same call on both sides) read 0.77x in five.
+    for _ in range(ROUNDS):
         bandwidths.append(measure_read_bandwidth(traffic, threads, budget_s=0.1))
-        theirs.append(steady_gflops(library, flops, 0.25))
+        theirs.append(steady_gflops(library, flops, ROUND_S))
         if torch_call is not None:
-            torchs.append(steady_gflops(torch_call, flops, 0.25))
-        ours.append(steady_gflops(tuned, flops, 0.25))
+            torchs.append(steady_gflops(torch_call, flops, ROUND_S))
+        ours.append(steady_gflops(tuned, flops, ROUND_S))
     best_refs = [max(pair) for pair in zip(theirs, torchs, strict=True)] if torchs else theirs
     bandwidth = statistics.median(bandwidths)
     key = selection_key(op_name(0.0, None), [TensorSpec.of(a), TensorSpec.of(b), 1.0, 0.0, None,
