@@ -2,20 +2,20 @@
 
 A tile whose accumulators the register allocator puts on the stack runs at about half speed (a store and a reload
 on every k step), and no result check notices it. These tests compile the rendered kernel to assembly with the
-system's g++ and look at its loops of FMAs.
+compiler tuneforge builds with (GCC) and look at its loops of FMAs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tuneforge import config
+from tuneforge.compile.toolchain import default_toolchain
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm.space import Problem, default_space, exhaustive_space, register_tiles
 from tuneforge.kernels.gemm.template import TEMPLATE
@@ -24,15 +24,17 @@ AVX2 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "fma"))
 STACK_VECTOR = re.compile(r"%[xy]mm\d+.*\(%rsp\)|\(%rsp\).*%[xy]mm\d+")
 
 
-def _is_gcc() -> bool:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        return False
-    version = subprocess.run([gxx, "--version"], capture_output=True, text=True, check=False).stdout
-    return "clang" not in version.lower()
+def _gcc() -> tuple[str, ...] | None:
+    """The command of the compiler tuneforge builds with, if it is GCC (the allocator hint is GCC's)."""
+    try:
+        toolchain = default_toolchain()
+    except Exception:  # no compiler at all
+        return None
+    return toolchain.command if toolchain.kind == "gcc" else None
 
 
-needs_gcc = pytest.mark.skipif(not _is_gcc(), reason="the kernel's allocator hint is for GCC")
+GCC = _gcc()
+needs_gcc = pytest.mark.skipif(GCC is None, reason="the kernel's allocator hint is for GCC")
 
 
 def fma_loops(assembly: str, least: int) -> list[list[str]]:
@@ -60,7 +62,8 @@ def avx2_config(tile: tuple[int, int], dtype: str, space: str = "default") -> di
 def compile_to_assembly(source: str, tmp_path: Path) -> str:
     path = tmp_path / "kernel.cpp"
     path.write_text(source)
-    subprocess.run(["g++", "-O3", "-march=haswell", "-ffp-contract=fast", "-pthread", "-S", "-o",
+    assert GCC is not None
+    subprocess.run([*GCC, "-O3", "-march=haswell", "-ffp-contract=fast", "-pthread", "-S", "-o",
                     str(tmp_path / "kernel.s"), str(path)], check=True, capture_output=True, text=True)
     return (tmp_path / "kernel.s").read_text()
 

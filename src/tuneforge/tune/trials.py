@@ -253,9 +253,11 @@ class Trials:
         tie = contenders(whole, statistic) if self.job.confirm == "all" else near_tie(whole, statistic, self.reference)
         if not tie:
             return []
+        paired = time_paired(self, tie)
+        if not paired:  # re-timing failed: the first timings stand
+            return []
         index = {id(choice): i for i, choice, _ in results}
-        paired = time_paired(self, tie)  # [] when that failed: the first timings stand
-        return [(index[id(choice)], record) for (choice, _), record in zip(tie, paired, strict=bool(paired))]
+        return [(index[id(choice)], record) for (choice, _), record in zip(tie, paired, strict=True)]
 
     def finish(self) -> None:
         # on a broken CUDA context every copy fails: nothing can be restored
@@ -429,9 +431,11 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
     positions = _contenders(results, config.get_str("autotune.statistic"), per_build=trials.job.confirm == "none")
     if trials.job.device == "cpu" and trials.job.sample is None and len(positions) > 1:
         paired = time_paired(trials, [(results[pos][1], results[pos][2]) for pos in positions])
-        for pos, record in zip(positions, paired, strict=bool(paired)):  # []: the screened figures stand
-            emit(ChoiceConfirmed(results[pos][0], record))
-            results[pos] = (results[pos][0], results[pos][1], record)
+        if paired:  # else re-timing failed: the screened figures stand
+            for pos, record in zip(positions, paired, strict=True):
+                i, choice, _ = results[pos]
+                emit(ChoiceConfirmed(i, record))
+                results[pos] = (i, choice, record)
         return
     for pos in positions:
         i, choice, screened = results[pos]
