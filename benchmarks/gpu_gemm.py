@@ -10,7 +10,9 @@ For each shape and dtype, in processes of their own:
    before `import tuneforge` to the first tuned result); with redis-server on PATH, the cold process also
    writes to a Redis and processes with empty local directories read from it (fresh machine); each warm
    figure is the median of --warm-processes (3) processes, since one process carries the host's load of
-   its moment (run 9: one case's every step 1.5x slower);
+   its moment (run 9: one case's every step 1.5x slower); beside them, as many fresh processes time their first
+   full-size torch.mm ("cuB 1st ms"): cuBLAS's own first call at the shape, which a warm figure includes when
+   cuBLAS is the pick (run 10: 16x4096x4096's call took 44-46 ms against 15-24 on the other shapes);
 3. steady state, in the warm tuneforge process after its first call: every result checked against a
    float32 product on fresh random inputs (relative Frobenius error), then cuBLAS, Inductor's compiled
    function and tuneforge timed in interleaved rounds, one run of each system a round (CUDA events, the L2
@@ -292,6 +294,12 @@ class Runner:
                 first(self.run({**common, "kind": "tuneforge", "env": fresh, "what": "fresh machine + Redis"}, "warm"),
                       "tuneforge fresh machine + Redis", "redis_warm_ms", 1e3)
                 gather("redis_warm_ms")
+        for _ in range(self.args.warm_processes):  # a fresh process's first full-size torch.mm: what cuBLAS's own
+            # first call at this shape costs (its heuristics, lazily loaded kernels), which a warm figure includes
+            # whenever cuBLAS is the pick
+            first(self.run({**common, "kind": "cublas", "env": tf_env}, "warm"), "cuBLAS first call", "cublas_first_ms",
+                  1e3)
+            gather("cublas_first_ms")
         for _ in range(self.args.warm_processes - 1):  # first calls only; the steady process gives the last one
             first(self.run({**common, "kind": "tuneforge", "env": tf_env, "what": "warm"}, "warm"), "tuneforge warm",
                   "tuneforge_warm_ms", 1e3)
@@ -303,7 +311,7 @@ class Runner:
         warm = self.run(steady_task, "steady")
         first(warm, "tuneforge warm", "tuneforge_warm_ms", 1e3)
         gather("tuneforge_warm_ms")
-        for field in ("redis_warm_ms", "tuneforge_warm_ms"):
+        for field in ("redis_warm_ms", "tuneforge_warm_ms", "cublas_first_ms"):
             if gathered.get(field):  # one process's figure carries the host's load of the moment: the median
                 row[field], row[field.replace("_ms", "_all_ms")] = statistics.median(gathered[field]), gathered[field]
         if "rounds" not in warm:  # the process died (a sticky CUDA error?): cuBLAS and Inductor without tuneforge
