@@ -91,28 +91,41 @@ class WorkerProcess:
         send(self._write, {"sys_path": [p for p in sys.path if p], "cpus": cpus, "warm_cuda": gpu,
                            "preload": sorted(self.libraries)})
         self.pid = self.proc.pid
-        self.ready = False  # whether it said so (wait_ready)
+        self.ready = False  # whether it can take a job without first importing something (wait_ready)
+        self._started = False  # whether it sent its first message ("ready")
+        self._imported = set(self.libraries)  # what it has imported once it says so (or answers a sync)
         self.main_loaded = False  # whether this worker has imported the parent's main script
-
-    def wait_ready(self) -> None:
-        """Wait for the worker's first message, once: it has started and can take jobs."""
-        if self.ready:
-            return
-        ready = self.receive(_STARTUP_TIMEOUT_S)
-        if ready[0] != "ready":
-            raise RuntimeError(f"benchmark worker sent {ready!r} instead of ready")
-        self.ready = True
 
     def send(self, message: Any) -> None:
         send(self._write, message)
 
     def load(self, libraries: Sequence[str]) -> None:
         """Have it import `libraries` it has not yet, before its next job (no answer: a failed import is the job's
-        choices' to report)."""
+        choices' to report; wait_ready waits for the imports)."""
         missing = sorted(set(libraries) - self.libraries)
         if missing:
             self.send(("preload", missing))
             self.libraries.update(missing)
+            self.ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until it can take a job at once: its first message (it has started, with the libraries it was
+        started with), then, after a later `load`, the answer to a sync sent behind the imports."""
+        if self.ready:
+            return
+        if not self._started:
+            self._expect("ready")
+            self._started = True
+        if self.libraries != self._imported:
+            self.send(("sync",))
+            self._expect("synced")
+            self._imported = set(self.libraries)
+        self.ready = True
+
+    def _expect(self, what: str) -> None:
+        answer = self.receive(_STARTUP_TIMEOUT_S)
+        if answer[0] != what:
+            raise RuntimeError(f"benchmark worker sent {answer!r} instead of {what}")
 
     def receive(self, timeout: float | None) -> Any:
         return receive(self._read, timeout)

@@ -107,6 +107,9 @@ def serve(read_fd: int, write_fd: int) -> None:
         if message[0] == "preload":
             _preload(message[1])
             continue
+        if message[0] == "sync":  # everything sent before it is done (a preload, say): prepare(wait=True)
+            send(write_fd, ("synced",))
+            continue
         if message[0] == "main":
             send(write_fd, ("main", import_main(message[1], message[2])))
             continue
