@@ -6,7 +6,8 @@
 #
 # TESTS_S (default 150) and BENCH_S (default 300) bound the two parts; 0 skips a part; GPU_TESTS (space
 # separated) runs those test files' gpu tests instead of every file's; RECORD_GPU_SPACE=MxNxK first records
-# that shape's GEMM space for the search replays (benchmarks/record_spaces.py --device cuda, into $OUT). Logs and the
+# that shape's GEMM space for the search replays (benchmarks/record_spaces.py --device cuda, into $OUT);
+# BUILD_POOL_ARGS runs benchmarks/gpu_build_pool.py with those arguments before the benchmark. Logs and the
 # benchmark's JSON go to $OUT (the device tool's output folder) or benchmarks/results.
 # Optional, not tracked (.git/info/exclude): .gpucarry/whl/*.whl (tuneforge's pure dependencies the machine
 # lacks, e.g. platformdirs, redis, zstandard) and .gpucarry/redis/redis-server (a redis-server that runs
@@ -55,6 +56,12 @@ fi
 if [ -n "${RECORD_GPU_SPACE:-}" ]; then  # a GPU recording for the search replays (issue 14), into $OUT
     timeout -k 5 "${RECORD_GPU_SPACE_S:-300}" "$py" benchmarks/record_spaces.py --device cuda \
         --shapes "$RECORD_GPU_SPACE" --output "$OUT" 2>&1 | tail -5
+fi
+if [ -n "${BUILD_POOL_ARGS:-}" ]; then  # benchmarks/gpu_build_pool.py: a cold build pool by start method, e.g. "--cuda
+    # --start-methods fork forkserver spawn" (its table; the JSON into $OUT)
+    read -r -a pool_args <<<"$BUILD_POOL_ARGS"
+    timeout -k 5 "${BUILD_POOL_S:-240}" "$py" benchmarks/gpu_build_pool.py "${pool_args[@]}" 2>&1 \
+        | tee "$OUT/gpu_build_pool.log" | tail -8
 fi
 if [ "$bench_s" -gt 0 ]; then
     timeout -k 10 "$bench_s" "$py" benchmarks/gpu_gemm.py --budget-s $((bench_s - 40)) "$@" 2>&1 \
