@@ -10,8 +10,8 @@
 # BUILD_POOL_ARGS runs benchmarks/gpu_build_pool.py with those arguments before the benchmark. Logs and the
 # benchmark's JSON go to $OUT (the device tool's output folder) or benchmarks/results.
 # Optional, not tracked (.git/info/exclude): .gpucarry/whl/*.whl (tuneforge's pure dependencies the machine
-# lacks, e.g. platformdirs, redis, zstandard) and .gpucarry/redis/redis-server (a redis-server that runs
-# there, for the fresh-machine-with-Redis figure).
+# lacks, e.g. platformdirs, redis, zstandard) and .gpucarry/redis/redis-server (for the fresh-machine-with-Redis
+# figure; with .gpucarry/redis/lib/ holding the libraries ldd lists for it, other than libc's own).
 set -u
 tests_s=${1:-150}
 bench_s=${2:-300}
@@ -27,8 +27,17 @@ if compgen -G ".gpucarry/whl/*.whl" >/dev/null; then
         .gpucarry/whl/*.whl && export PYTHONPATH=/tmp/tf-site
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-if [ -x .gpucarry/redis/redis-server ] && .gpucarry/redis/redis-server --version >/dev/null 2>&1; then
-    export PATH=$PWD/.gpucarry/redis:$PATH
+if [ -x .gpucarry/redis/redis-server ]; then
+    redis_dir=$PWD/.gpucarry/redis
+    if [ -d .gpucarry/redis/lib ]; then  # shared libraries the machine lacks (ldd here), for redis-server alone
+        redis_dir=/tmp/tf-redis
+        mkdir -p "$redis_dir"
+        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$PWD/.gpucarry/redis/lib" \
+            "$PWD/.gpucarry/redis/redis-server" >"$redis_dir/redis-server"
+        chmod +x "$redis_dir/redis-server"
+    fi
+    if "$redis_dir/redis-server" --version >/dev/null 2>&1; then export PATH=$redis_dir:$PATH
+    else echo "the carried redis-server does not run here: no Redis figure"; fi
 fi
 
 {
