@@ -88,7 +88,9 @@ def test_the_pick_is_checked_and_timed_on_the_whole_problem(tuning: Path) -> Non
     assert selection.choice.name == "copy"
     records = {r.choice_name: r for r in default_records().get(selection.key)}
     assert records["right_on_samples_only"].status == "wrong_result"  # right on every sample, wrong on the whole
-    assert SAMPLED not in records["copy"].method and records["copy"].median_ms < 7
+    # its 4 ms on the whole (7.4 ms with a second test process on the 2 cores), far from the sample's 0.5 ms and
+    # slow_on_the_whole's 40
+    assert SAMPLED not in records["copy"].method and 3.5 < records["copy"].median_ms < 20
     assert SAMPLED not in records["slow_on_the_whole"].method  # its estimate was the best: it ran on the whole
     assert records["slow_on_the_whole"].median_ms > 30
     assert SAMPLED in records["blocked_copy"].method  # never the fastest: an estimate only, ranked after the pick
