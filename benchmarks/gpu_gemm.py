@@ -157,6 +157,21 @@ def child_log() -> Path:
     return folder / "gpu_gemm-children.log"
 
 
+def log_worker_profiles(folder: Path, what: str, top: int = 40) -> None:
+    """The benchmark worker's profiles of a selection's jobs (autotune.worker_profile), merged, into the children's
+    log: where the trials' time went (inputs, reference, checks, timing)."""
+    import pstats
+
+    files = sorted(folder.glob("worker-*.prof"))
+    with child_log().open("a") as out:
+        if not files:
+            out.write(f"=== no worker profile for {what} (no job reached the worker?)\n")
+            return
+        out.write(f"=== profile of the benchmark worker's {len(files)} job(s), {what}\n")
+        stats = pstats.Stats(*map(str, files), stream=out)
+        stats.sort_stats("cumulative").print_stats(top)
+
+
 def gpu_problem() -> str | None:
     """Why this machine cannot run the benchmark, or None. Leaves CUDA uninitialised: children fork after."""
     if importlib.util.find_spec("torch") is None:
@@ -265,8 +280,13 @@ class Runner:
         if not self.args.skip_inductor:
             first(self.run({**common, "kind": "inductor", "env": inductor_env}, "cold"), "Inductor cold",
                   "inductor_cold_s", 1.0)
-        cold = self.run({**common, "kind": "tuneforge", "env": {**tf_env, **remote}, "flush_remote": bool(remote),
+        cold_env = {**tf_env, **remote}
+        if self.args.profile:  # the worker's side of the cold selection too: a cProfile per job it ran
+            cold_env["TUNEFORGE_AUTOTUNE_WORKER_PROFILE"] = str(base / "worker-profiles")
+        cold = self.run({**common, "kind": "tuneforge", "env": cold_env, "flush_remote": bool(remote),
                          "what": "cold"}, "cold")
+        if self.args.profile:
+            log_worker_profiles(base / "worker-profiles", f"{label} cold")
         first(cold, "tuneforge cold", "tuneforge_cold_s", 1.0)
         row["cold_phases"], row["cold_times"], row["cold_streamed"] = (cold.get(k) for k in ("phases", "times",
                                                                                            "streamed"))
@@ -359,7 +379,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in-process", action="store_true",
                         help="also tune each case cold with autotune.isolate off (isolation's overhead)")
     parser.add_argument("--profile", action="store_true",
-                        help="profile tuneforge's first calls (cProfile, into the children's log)")
+                        help="profile tuneforge's first calls, and the worker's jobs of the cold one (cProfile, "
+                             "into the children's log)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.warm_processes < 1:

@@ -304,3 +304,22 @@ def test_without_torch_exits_2_with_a_message(tmp_path: Path) -> None:
     proc = run_python(code, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "torch is not installed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_workers_profiles_are_merged_into_the_childrens_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    import cProfile
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    folder = tmp_path / "worker-profiles"
+    gpu_gemm.log_worker_profiles(folder, "4096x4096x4096 float16 cold")
+    folder.mkdir()
+    for i in range(2):
+        profile = cProfile.Profile()
+        profile.runcall(sorted, range(1000))
+        profile.dump_stats(folder / f"worker-1-{i + 1}.prof")
+    gpu_gemm.log_worker_profiles(folder, "4096x4096x4096 float16 cold")
+    text = (tmp_path / "gpu_gemm-children.log").read_text()
+    assert "=== no worker profile for 4096x4096x4096 float16 cold" in text
+    assert "=== profile of the benchmark worker's 2 job(s), 4096x4096x4096 float16 cold" in text
+    assert "{built-in method builtins.sorted}" in text and " 4 function calls " in text  # both, merged

@@ -302,3 +302,29 @@ def test_a_worker_is_ready_only_once_the_libraries_loaded_since_its_start_are_im
         assert worker.ready
     finally:
         worker.kill()
+
+
+def test_the_worker_writes_a_profile_of_each_job_when_asked(cache_dir: Path, tmp_path: Path) -> None:
+    """autotune.worker_profile: where a selection's trials spend their time in the worker (the GPU benchmark's
+    --profile reads them), one cProfile file per job; nothing is written without it."""
+    import pstats
+
+    from tests import tuning_kernels as k
+    from tuneforge import config
+    from tuneforge.tune.select import select_detailed
+
+    folder = tmp_path / "profiles"
+    args = [np.ones(256), np.ones(256)]
+    with config.patch(autotune_bench_time_s=0.005, autotune_warmup_s=0.0, autotune_force=True):
+        select_detailed("unprofiled", k.crash_choices(["good"]), args, out=np.empty(256))
+        assert not folder.exists()
+        with config.patch(autotune_worker_profile=folder):
+            s = select_detailed("profiled", k.crash_choices(["good", "good_slow"]), args, out=np.empty(256))
+    assert s.report.isolated
+    # one per job (the setup made ahead of the builds, then the trials), each written once its events are sent
+    deadline = time.monotonic() + 10
+    while len(files := sorted(folder.glob("worker-*.prof"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert files and not list(folder.glob("*.partial"))
+    functions = {name for f in files for (_, _, name) in pstats.Stats(str(f)).stats}  # type: ignore[attr-defined]
+    assert "run_trials" in functions

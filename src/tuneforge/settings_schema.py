@@ -187,6 +187,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("autotune.bench_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 60.0,
             "Seconds one choice may take to verify and time in the worker before it is killed (status timeout).",
             in_cache_key=False),
+    Setting("autotune.worker_profile", parsing.parse_optional_path, parsing.coerce_optional_path, None,
+            "Folder where the benchmark worker writes a cProfile of each job it runs (worker-<pid>-<n>.prof): "
+            "where a selection's trials (inputs, reference, checks, timing) spend their time.", in_cache_key=False),
     Setting("autotune.worker_cpus", parsing.parse_int_list, parsing.coerce_int_tuple, (),
             "CPU ids the benchmark worker is pinned to (comma separated; empty: no pinning).", in_cache_key=False),
     Setting("compile.progress", parsing.parse_bool, parsing.coerce_bool, True,

@@ -19,12 +19,13 @@ starts a fresh worker for the remaining choices.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tuneforge.supervisor import applied_settings, die_with_parent, ignore_interrupts
@@ -115,13 +116,44 @@ def serve(read_fd: int, write_fd: int) -> None:
             continue
         _, job, choices, reference, settings = message
         try:
-            with applied_settings(settings):
+            with applied_settings(settings), _profiled():
                 run_trials(job, choices, reference, lambda event: send(write_fd, event))
         except DeviceContextLost as lost:  # this process can run nothing more: the parent replaces it
             send(write_fd, ContextLost(lost.resume_at, lost.culprit, lost.error, lost.verify_s, lost.bench_s))
             os._exit(CONTEXT_LOST_EXIT)
         except Exception as exc:  # a job-level failure (e.g. an input generator raised): report, keep serving
             send(write_fd, JobFailed(error_text(exc)))
+
+
+_jobs_profiled = 0
+
+
+@contextlib.contextmanager
+def _profiled() -> Iterator[None]:
+    """A cProfile of the job, written to ``autotune.worker_profile`` (when set) as worker-<pid>-<n>.prof."""
+    global _jobs_profiled
+    from tuneforge import config
+
+    folder = config.get_optional_path("autotune.worker_profile")
+    if folder is None:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        _jobs_profiled += 1
+        path = folder / f"worker-{os.getpid()}-{_jobs_profiled}.prof"
+        try:  # whole or not at all: the parent may read it as soon as the job's last event arrives
+            folder.mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(path.with_suffix(".partial"))
+            os.replace(path.with_suffix(".partial"), path)
+        except OSError as exc:  # a diagnostic: the job's results matter more
+            print(f"tuneforge benchmark worker: could not write its profile to {folder}: {exc}", file=sys.stderr)
 
 
 def _warm_cuda() -> None:
