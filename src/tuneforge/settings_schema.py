@@ -189,7 +189,8 @@ SETTINGS: tuple[Setting, ...] = (
             in_cache_key=False),
     Setting("autotune.worker_profile", parsing.parse_optional_path, parsing.coerce_optional_path, None,
             "Folder where the benchmark worker writes a cProfile of each job it runs (worker-<pid>-<n>.prof): "
-            "where a selection's trials (inputs, reference, checks, timing) spend their time.", in_cache_key=False),
+            "where a selection's trials (inputs, reference, checks, timing) spend their time. For diagnosis only: "
+            "the trials' timings then carry the profiler's overhead.", in_cache_key=False),
     Setting("autotune.worker_cpus", parsing.parse_int_list, parsing.coerce_int_tuple, (),
             "CPU ids the benchmark worker is pinned to (comma separated; empty: no pinning).", in_cache_key=False),
     Setting("compile.progress", parsing.parse_bool, parsing.coerce_bool, True,
