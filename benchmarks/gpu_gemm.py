@@ -246,6 +246,8 @@ class Runner:
         tf_env = {"TUNEFORGE_CACHE_DIR": str(base / "tuneforge"), "TRITON_CACHE_DIR": str(base / "tf-triton"),
                   "TORCHINDUCTOR_CACHE_DIR": str(base / "tf-inductor"), "TUNEFORGE_AUTOTUNE_VERBOSE": "1",
                   "TUNEFORGE_AUTOTUNE_LOG": str(base / "autotune.jsonl")}
+        if self.args.pool_start_method:  # how tuneforge's build pool starts its workers (compile.start_method)
+            tf_env["TUNEFORGE_COMPILE_START_METHOD"] = self.args.pool_start_method
         remote = ({"TUNEFORGE_REMOTE_URL": self.redis_url, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
                   if self.redis_url else {})
         common: Row = {"shape": list(shape), "dtype": dtype, "seed": self.args.seed, "profile": self.args.profile}
@@ -378,6 +380,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="no Inductor (a quicker run: its cold and warm first calls take 15-20 s a case)")
     parser.add_argument("--in-process", action="store_true",
                         help="also tune each case cold with autotune.isolate off (isolation's overhead)")
+    parser.add_argument("--pool-start-method", choices=["fork", "spawn", "forkserver"],
+                        help="tuneforge's build pool starts its workers so (compile.start_method; default: fork)")
     parser.add_argument("--profile", action="store_true",
                         help="profile tuneforge's first calls, and the worker's jobs of the cold one (cProfile, "
                              "into the children's log)")

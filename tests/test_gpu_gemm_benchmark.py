@@ -49,6 +49,10 @@ def test_cases_default_quick_and_explicit() -> None:
     assert explicit == [((1, 8192, 8192), "float16")]
     with pytest.raises(SystemExit):
         gpu_gemm.parse_args(["--dtypes", "int8"])
+    assert gpu_gemm.parse_args([]).pool_start_method is None  # tuneforge's own default
+    assert gpu_gemm.parse_args(["--pool-start-method", "forkserver"]).pool_start_method == "forkserver"
+    with pytest.raises(SystemExit):
+        gpu_gemm.parse_args(["--pool-start-method", "vfork"])
 
 
 # ---------------------------------------------------------------------------------------- arithmetic

@@ -29,7 +29,7 @@ from tuneforge.compile import builders
 from tuneforge.compile import pool as pool_module
 from tuneforge.compile.cpp import CppBuild
 from tuneforge.compile.pool import BuildPool, BuildResult, default_pool
-from tuneforge.errors import CompileError
+from tuneforge.errors import CompileError, ConfigError
 
 SLOW = "TUNEFORGE_TEST_SLOW_COMPILE"
 PATIENCE = 60.0  # seconds to wait for something that must happen (returns as soon as it does)
@@ -418,6 +418,23 @@ def test_arguments_and_errors(cache_dir: Path, tmp_path: Path) -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.command, copy.stderr, copy.source_path, copy.returncode, str(copy)) == \
         (error.command, error.stderr, error.source_path, error.returncode, str(error))
+
+
+def test_the_default_pools_start_method_follows_its_setting(cxx: Path) -> None:
+    """compile.start_method: the default pool's workers forked (the platform's way on Linux) or started fresh by a
+    fork server, which a process holding a CUDA context may start faster; a build runs either way."""
+    try:
+        assert default_pool().start_method is None
+        with config.patch(compile_start_method="forkserver"):
+            pool = default_pool()
+            assert pool.start_method == "forkserver" and default_pool() is pool
+            built = pool.submit(CppBuild(source(70)), label="served").result(timeout=PATIENCE)
+            assert ctypes.CDLL(built.library_path).value_70() == 70
+        assert default_pool().start_method is None
+        with pytest.raises(ConfigError, match="compile.start_method"), config.patch(compile_start_method="vfork"):
+            default_pool()
+    finally:
+        default_pool().shutdown()
 
 
 def test_default_pool_is_shared_and_follows_settings(cache_dir: Path) -> None:

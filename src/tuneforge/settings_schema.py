@@ -65,6 +65,11 @@ SETTINGS: tuple[Setting, ...] = (
             "(accepts 500M, 5G, ...).", in_cache_key=False),
     Setting("compile_threads", parsing.parse_int, parsing.coerce_positive_int, _usable_cores,
             "Parallel compiler processes (default: the cores this process may use).", in_cache_key=False),
+    Setting("compile.start_method", parsing.parse_optional_str, parsing.one_of("default", "fork", "spawn",
+                                                                                 "forkserver"), "default",
+            "How the build pool starts its workers: fork, spawn or forkserver (default: the platform's, fork on "
+            "Linux before Python 3.14). Forked workers share what the process has loaded; a process with a CUDA "
+            "context is a large one to fork.", in_cache_key=False),
     Setting("compile_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 600.0,
             "Seconds after which a compiler run is killed.", in_cache_key=False),
     Setting("lock_timeout_s", parsing.parse_float, parsing.coerce_positive_float, 900.0,

@@ -244,18 +244,21 @@ _default_lock = threading.Lock()
 
 
 def default_pool() -> BuildPool:
-    """The process's pool with `compile_threads` workers; a new one after that setting changes or a fork."""
+    """The process's pool with `compile_threads` workers started by `compile.start_method`; a new one after either
+    setting changes or a fork."""
     global _default
     workers = config.get_int("compile_threads")
+    method = config.get_str("compile.start_method")
+    start_method = None if method == "default" else method
     with _default_lock:
         pool = _default
-        if pool is not None and pool.owned_here() and pool.workers == workers:
+        if pool is not None and pool.owned_here() and pool.workers == workers and pool.start_method == start_method:
             return pool
         if pool is not None and pool.owned_here():
             # Settings changed: the old pool finishes what it was given, then stops.
             threading.Thread(target=pool.shutdown, kwargs={"cancel": False}, daemon=True,
                              name="tuneforge-build-pool-retire").start()
-        _default = BuildPool(workers)
+        _default = BuildPool(workers, start_method=start_method)
         return _default
 
 
