@@ -9,7 +9,7 @@
 # that shape's GEMM space for the search replays (benchmarks/record_spaces.py --device cuda, into $OUT);
 # BUILD_POOL_ARGS runs benchmarks/gpu_build_pool.py with those arguments before the benchmark. Logs and the
 # benchmark's JSON go to $OUT (the device tool's output folder) or benchmarks/results.
-# Optional, not tracked (.git/info/exclude): .gpucarry/whl/*.whl (tuneforge's pure dependencies the machine
+# Optional, not tracked (.git/info/exclude; benchmarks/gpu_carry.sh makes them): .gpucarry/whl/*.whl (tuneforge's pure dependencies the machine
 # lacks, e.g. platformdirs, redis, zstandard) and .gpucarry/redis/redis-server (for the fresh-machine-with-Redis
 # figure; with .gpucarry/redis/lib/ holding the libraries ldd lists for it, other than libc's own).
 set -u
