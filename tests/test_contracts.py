@@ -121,7 +121,7 @@ def test_a_failing_reference_is_one_typed_error_and_stand_ins(quick_tuning: Path
 
 
 def test_the_worker_answers_an_unreadable_job_with_a_typed_event(quick_tuning: Path) -> None:
-    from tuneforge.tune.runner import WorkerProcess
+    from tuneforge.tune.worker_process import WorkerProcess
 
     worker = WorkerProcess()
     worker.wait_ready()

@@ -217,8 +217,8 @@ def test_a_worker_imports_torch_before_its_first_trial_when_the_job_needs_it(
 def test_jobs_name_torch_for_torch_arguments_and_a_running_worker_imports_it_on_request(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuneforge.tune.job import TrialJob
-    from tuneforge.tune.runner import WorkerProcess
     from tuneforge.tune.specs import TensorSpec
+    from tuneforge.tune.worker_process import WorkerProcess
 
     def job(framework: str) -> TrialJob:
         spec = TensorSpec("float32", (4, 4), (4, 1), framework=framework)

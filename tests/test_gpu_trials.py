@@ -26,6 +26,7 @@ from tuneforge.tune.events import ChoiceResult, ChoiceStarted, Event
 from tuneforge.tune.job import TrialJob, reference_failure
 from tuneforge.tune.specs import TensorSpec
 from tuneforge.tune.trials import run_trials
+from tuneforge.tune.worker_process import WorkerProcess
 
 from .conftest import cuda_torch
 
@@ -93,7 +94,7 @@ def test_a_gpus_worker_sees_that_gpu_alone() -> None:
 def test_the_started_gpu_worker_has_that_environment(quick_tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Starting a worker touches no GPU: its environment is checked on a machine without one.
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    worker = runner.WorkerProcess("cuda:3")
+    worker = WorkerProcess("cuda:3")
     try:
         worker.wait_ready()  # started: until its exec is through, /proc shows no environment at all
         environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")

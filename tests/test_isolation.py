@@ -286,12 +286,12 @@ def test_a_worker_is_ready_only_once_the_libraries_loaded_since_its_start_are_im
     """prepare(wait=True), and every job, find a worker that has imported what it was asked to since it started
     (a preload has no answer of its own: a sync sent behind it does). A torch loaded into an idle worker so took
     2 s of a selection's setup, after a prepare that had returned at once."""
-    from tuneforge.tune import runner
+    from tuneforge.tune.worker_process import WorkerProcess
 
     stamp = tmp_path / "imported"
     (tmp_path / "slow_to_import.py").write_text(f"import time\ntime.sleep(0.4)\nopen({str(stamp)!r}, 'w').close()\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # the worker takes this process's sys.path when it starts
-    worker = runner.WorkerProcess("cpu")
+    worker = WorkerProcess("cpu")
     try:
         worker.wait_ready()
         worker.load(["slow_to_import", "no_such_module_anywhere"])  # one that fails to import is the job's to report

@@ -28,6 +28,7 @@ from tuneforge.tune.choices import Choice
 from tuneforge.tune.events import ContextLost, InputsReady, JobFailed, JobUnreadable, ReferenceRan, TrialsDone
 from tuneforge.tune.job import TrialJob
 from tuneforge.tune.protocol import ChannelClosed, ChannelTimeout, check_pickle
+from tuneforge.tune.worker_process import WorkerProcess
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -73,7 +74,7 @@ class SetupAhead:
         except Exception as exc:  # best effort: the job proper does it again and reports what fails
             log.debug("%s: making the inputs ahead of the builds failed: %s", job.name, exc)
 
-    def _make(self, worker: runner.WorkerProcess, device: str, job: TrialJob, reference: Choice | None) -> bool:
+    def _make(self, worker: WorkerProcess, device: str, job: TrialJob, reference: Choice | None) -> bool:
         """Send the choice-less `job` (as the worker of `device` receives it); whether the worker kept what it made."""
         timeout = config.get_float("autotune.bench_timeout_s")
         worker.send(("job", job, [], reference, self._settings))
