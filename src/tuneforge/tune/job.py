@@ -58,7 +58,8 @@ class TrialJob:
     confirm: str = field(default="ties", compare=False)
     # Choices timed in an earlier batch of this selection, by hash: their records stand (checked on these very
     # inputs) and they run again only in the side-by-side re-timing (a search's finalists: a full second timing
-    # of each cost a one-batch search 0.35 s of its 2).
+    # of each cost a one-batch search 0.35 s of its 2; a search's batch: the best so far, whose earlier record
+    # sets the level of the batch's contenders, paired.py).
     timed: Mapping[str, Record] = field(default_factory=dict, compare=False)
     # A part of a selection whose choices are sent to the worker as their builds end (streamed.py): they are
     # checked and timed briefly; their contenders are timed fully, and near ties side by side, by the selection's

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from tuneforge import config
@@ -36,9 +37,10 @@ class Trials(Protocol):
     def restored_for_timing(self, mutated: Sequence[int]) -> list[int]: ...
 
 
-def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]]) -> list[Record]:
+def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: Collection[int] = ()) -> list[Record]:
     """New records for the choices of `tie` (each with its earlier record), timed in alternating rounds on the
-    whole problem; [] when that failed (the earlier records stand)."""
+    whole problem; [] when that failed (the earlier records stand). `anchors`: positions in `tie` of choices
+    timed in an earlier batch, whose earlier records set the level of the new ones (see below)."""
     job, args = trials.job, trials.args
     statistic = config.get_str("autotune.statistic")
     restore = trials.restored_for_timing(sorted({m for _, r in tie for m in r.info.get("mutates_inputs", [])}))
@@ -65,7 +67,15 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]]) -> list[Re
     # threads spinning between the batches: 128^3 kernels paired beside numpy measured 5-15% slower): the
     # re-timed keep their ratios, anchored at the fastest first timing among them, so that a choice they beat
     # before cannot overtake them now by the change of method alone.
-    anchor = min(t for _, r in tie if (t := r.time(statistic))) / timings[fastest].stat(statistic)
+    # With anchors (a search's best so far, re-timed in each of its batches), the level is theirs: a batch timed
+    # in another spell of the host's contention than the one before keeps its ratios to the best so far, not
+    # the spell's level (two 128^3 kernels timed for 40 ms each, every 0.2 s: each 40-73 us, their ratio mostly
+    # 1.0-1.17).
+    levels = [t / timings[i].stat(statistic) for i in anchors if (t := tie[i][1].time(statistic))]
+    if levels:
+        anchor = statistics.median(levels)
+    else:
+        anchor = min(t for _, r in tie if (t := r.time(statistic))) / timings[fastest].stat(statistic)
     records = []
     for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True)):
         info = {k: v for k, v in record.info.items() if k != CONFIDENCE} | {PAIRED_SCALE: round(anchor, 4)}

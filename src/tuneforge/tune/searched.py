@@ -7,7 +7,9 @@ configurations, which are all timed with it (compiling costs 0.5-0.9 s, a timing
 candidates (library calls) are always timed, in the first batch. Builds holding a suggested choice (a family's
 heuristic pick, Choice.suggested) are given to the strategy to start from. The strategy asks for batches of
 builds, each built in parallel and timed in one worker job (which keeps its example inputs and reference outputs
-for the next batch; near ties are left to the finalists); configurations with a record already cost nothing.
+for the next batch; near ties are left to the finalists); configurations with a record already cost nothing. The
+best configuration so far is re-timed beside each batch's contenders on the CPU, and their figures take its level
+(paired.py): batches timed seconds apart are then compared as if side by side.
 When the budget (builds) is spent the fastest few configurations (`finalists`) and the fastest library call are
 timed again in one job, then side by side (confirm.py: alternating rounds, and the winner's confidence), so that
 the pick does not hang on timings taken in different batches or on one noisy timing; then the search is marked
@@ -121,7 +123,7 @@ def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[
         chosen = [by_key[space.key(p)] for p in asked]
         todo, first = first + [c for unit in chosen for c in unit if c.hash_key not in records], []
         if todo:
-            measure_some(todo, "batch")
+            measure_some(todo + _incumbent(configured, records, statistic), "batch")
         costs = [[t for c in unit if (t := _cost(records.get(c.hash_key), statistic)) is not None] for unit in chosen]
         return [min(unit_costs) if unit_costs else None for unit_costs in costs]
 
@@ -149,7 +151,7 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
         candidates.extend(c for c in chosen if c.hash_key not in present)
         todo, first = first + [c for c in chosen if c.hash_key not in records], []
         if todo:
-            measure_some(todo, "batch")
+            measure_some(todo + _incumbent([c for c in candidates if not c.is_extern], records, statistic), "batch")
         return [_cost(records.get(c.hash_key), statistic) for c in chosen]
 
     # A share of a space too large to list is a share of its parameters' product (patience ends it sooner).
@@ -169,6 +171,12 @@ def _time_finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequ
     finalists = _finalists(plan, configured, always, records, statistic)
     if first or len(finalists) > 1:
         measure_some([*first, *finalists], "finalists")
+
+
+def _incumbent(configured: Sequence[Choice], records: Mapping[str, Record], statistic: str) -> list[Choice]:
+    """The fastest configuration timed so far, to be re-timed beside the next batch's contenders so that their
+    figures are at the level of the batches before (paired.py): [] before the first batch."""
+    return _fastest(configured, records, statistic, 1)
 
 
 def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:
@@ -196,11 +204,13 @@ def _cost(record: Record | None, statistic: str) -> float | None:
 def _finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[Choice],
                records: Mapping[str, Record], statistic: str) -> list[Choice]:
     """The fastest `plan.finalists` configurations and the fastest library call (when they ran ok)."""
-    def fastest(choices: Sequence[Choice], count: int) -> list[Choice]:
-        timed = [(t, i, c) for i, c in enumerate(choices) if (t := _cost(records.get(c.hash_key), statistic))]
-        return [c for _, _, c in sorted(timed, key=lambda x: (x[0], x[1]))[:count]]
+    return _fastest(configured, records, statistic, plan.finalists) + _fastest(always, records, statistic, 1)
 
-    return fastest(configured, plan.finalists) + fastest(always, 1)
+
+def _fastest(choices: Sequence[Choice], records: Mapping[str, Record], statistic: str, count: int) -> list[Choice]:
+    """The `count` fastest of `choices` that ran ok, fastest first (ties in their order)."""
+    timed = [(t, i, c) for i, c in enumerate(choices) if (t := _cost(records.get(c.hash_key), statistic))]
+    return [c for _, _, c in sorted(timed, key=lambda x: (x[0], x[1]))[:count]]
 
 
 def _mark(plan: SearchPlan, candidates: Sequence[Choice], records: dict[str, Record], statistic: str,

@@ -429,10 +429,15 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
     """Give the contenders of a screening their full timing: on the CPU side by side (paired.py), unless they ran
     on a sample (each on its own cut of the rows); one after another on a GPU, whose timings hardly drift."""
     positions = _contenders(results, config.get_str("autotune.statistic"), per_build=trials.job.confirm == "none")
-    if trials.job.device == "cpu" and trials.job.sample is None and len(positions) > 1:
-        paired = time_paired(trials, [(results[pos][1], results[pos][2]) for pos in positions])
+    # a search's batch: the best so far (timed in an earlier batch) is re-timed beside them and sets their level
+    anchors = [pos for pos, (_, choice, _) in enumerate(results)
+               if trials.job.confirm == "none" and choice.hash_key in trials.job.timed]
+    if trials.job.device == "cpu" and trials.job.sample is None and positions and len(positions) + len(anchors) > 1:
+        tie = [*positions, *anchors]
+        paired = time_paired(trials, [(results[pos][1], results[pos][2]) for pos in tie],
+                             anchors=range(len(positions), len(tie)))
         if paired:  # else re-timing failed: the screened figures stand
-            for pos, record in zip(positions, paired, strict=True):
+            for pos, record in zip(positions, paired, strict=False):  # an anchor's earlier record stands
                 i, choice, _ = results[pos]
                 emit(ChoiceConfirmed(i, record))
                 results[pos] = (i, choice, record)
