@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,13 @@ import pytest
 # Never touch the user's real cache: the whole session (and its child processes) use a scratch dir.
 # Set before tuneforge is imported, because settings are read from the environment at import.
 os.environ["TUNEFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tuneforge-tests-")
+
+# A suite started in the background of a shell without job control (`pytest &` in a script) inherits SIGINT
+# ignored, and so would every tuneforge process the tests start: Python installs no KeyboardInterrupt handler then,
+# and the Ctrl-C tests (a tuning interrupted, the driver of a cluster) would see their commands run to the end.
+# An ignored disposition survives exec; a handled one is reset to the default there.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from tuneforge import config
 

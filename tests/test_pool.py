@@ -242,7 +242,7 @@ def test_shutdown_leaves_no_worker_or_compiler(cxx: Path, make_pool: Callable[..
 def test_killed_worker_fails_its_build_only(cxx: Path, make_pool: Callable[..., BuildPool],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # Long enough that both builds are running at one moment even when the second worker starts late.
-    monkeypatch.setenv(SLOW, "5")
+    monkeypatch.setenv(SLOW, "3")
     pool = make_pool(workers=2)
     victim = pool.submit(CppBuild(source(50)), label="victim")
     bystander = pool.submit(CppBuild(source(51)), label="bystander")

@@ -49,7 +49,8 @@ def test_strategies_find_the_known_optimum_within_a_budget(name: str) -> None:
     limit, needed = FINDS[name]
     found = 0
     for seed in range(10):
-        result = search(space, make(name, space, seed=seed), evaluate, Budget(evaluations=limit), batch=4)
+        result = search(space, make(name, space, seed=seed), evaluate, Budget(evaluations=limit), batch=4,
+                        stop_at=tiled_cost(OPTIMUM))  # found: the rest of the budget would tell nothing
         assert result.evaluations <= limit and len({space.key(c) for c, _ in result.history}) == result.evaluations
         found += result.best == OPTIMUM
     assert found >= needed, f"{name}: found the optimum with {found} of 10 seeds in {limit} evaluations"

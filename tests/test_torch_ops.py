@@ -233,19 +233,21 @@ def test_bad_custom_op_declarations_name_the_problem() -> None:
 
 
 def test_a_fresh_process_reuses_the_records(cache_dir: Path, tmp_path: Path) -> None:
+    """Tuned eagerly in one process, the op compiled in a fresh one finds the record (and times nothing)."""
     program = """
         import torch, tuneforge.torch as tft
         model = torch.nn.Linear(40, 24)
-        compiled = torch.compile(lambda x: tft.linear(x, model.weight, model.bias), backend="aot_eager",
-                                 fullgraph=True)
+        call = lambda x: tft.linear(x, model.weight, model.bias)
+        if {compiled}:
+            call = torch.compile(call, backend="aot_eager", fullgraph=True)
         x = torch.randn(16, 40)
         with torch.no_grad():
-            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(call(x), model(x), rtol=1e-4, atol=1e-4)
     """
     logs = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
-    for log in logs:
-        run_python(program, env={"TUNEFORGE_AUTOTUNE_LOG": str(log), "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.003"},
-                   timeout=300)
+    for log, compiled in zip(logs, (False, True), strict=True):
+        run_python(program.format(compiled=compiled), timeout=300,
+                   env={"TUNEFORGE_AUTOTUNE_LOG": str(log), "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": "0.003"})
     first, second = ([json.loads(line) for line in log.read_text().splitlines()] for log in logs)
     assert [e["source"] for e in first] == ["tuned"]
     assert [e["source"] for e in second] == ["records"]  # the record database, nothing timed
