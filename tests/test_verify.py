@@ -180,3 +180,32 @@ def test_cuda_outputs_and_inputs_are_checked_on_the_gpu() -> None:
     saved = verify.snapshot([want, wrong])
     wrong[0, 0] = float("nan")
     assert verify.changed([want, wrong], saved, [0, 1]) == [1]
+
+
+@pytest.mark.parametrize("block", [7, 64, 1 << 17])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128"])
+@pytest.mark.parametrize("shape", [(300, 50), (5, 7, 40), (1000,)])
+def test_blocked_comparison_agrees_with_the_whole_array_test(monkeypatch: pytest.MonkeyPatch, block: int,
+                                                             dtype: str, shape: tuple[int, ...]) -> None:
+    """Blocks of any size (the scratch buffers reused from block to block, the last block shorter) find what the
+    whole-array test |got - want| <= atol * max|want| + rtol * |want| finds, and point at the worst element."""
+    monkeypatch.setattr(verify, "_BLOCK_ELEMENTS", block)
+    rng = np.random.default_rng(block + len(shape))
+    want = rng.standard_normal(shape).astype(dtype)
+    if dtype.startswith("complex"):
+        want = want + 1j * rng.standard_normal(shape)
+    rtol, atol = tolerances(dtype)
+    assert compare(want.copy(), want) is None
+    last = tuple(s - 1 for s in shape)  # in the last block
+    for where in (last, tuple(s // 2 for s in shape)):
+        got = want.copy()
+        got[where] = want[where] * 1.5 + 1
+        wide = np.complex128 if dtype.startswith("complex") else np.float64
+        error = np.abs(got.astype(wide) - want.astype(wide)) - rtol * np.abs(want.astype(wide))
+        assert error.max() > atol * max(float(np.abs(want).max()), 1.0)  # the whole-array test rejects it
+        problem = compare(got, want)
+        assert problem is not None and f"at index {tuple(int(i) for i in where)}" in problem, problem
+    got = want.copy()
+    got[last] = np.nan
+    problem = compare(got, want)
+    assert problem is not None and f"non-finite value mismatch at index {last}" in problem
