@@ -53,10 +53,12 @@ def run_fresh_child(script: str, args: list[str], threads: int | None) -> dict[s
 def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s: float = 0.02,
                  settle_after: Collection[str] = ()) -> dict[str, float]:
     """Steady figures of `calls`, timed side by side: interleaved rounds (the order reversed every other round),
-    each a burst of calls (as many as last `burst_s`, 3 to 200) after an untimed one; {name: median over rounds
-    of its bursts' median, in ms}. After the burst of a name in `settle_after` (a library call: OpenBLAS's threads
-    spin 0.1-0.15 s after one), a pause until the process is idle: the next calls' bursts would otherwise share
-    the cores with those threads (a 128^3 GEMM kernel timed after numpy's burst: 124 us for its 64 alone)."""
+    each a burst of calls (as many as last `burst_s`, 3 to 200) after untimed ones for bench.RAMP_S; {name: median
+    over rounds of its bursts' median, in ms}. After the burst of a name in `settle_after` (a library call:
+    OpenBLAS's threads spin 0.1-0.15 s after one), a pause until the process is idle: the next calls' bursts would
+    otherwise share the cores with those threads (a 128^3 GEMM kernel timed after numpy's burst: 124 us for its 64
+    alone)."""
+    from tuneforge.tune.bench import RAMP_S
     from tuneforge.tune.quiet import settle
 
     names = list(calls)
@@ -64,7 +66,10 @@ def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s
     for r in range(rounds):
         for name in names if r % 2 == 0 else list(reversed(names)):
             call = calls[name]
-            call()  # untimed: after another candidate's burst
+            warm_until = time.perf_counter() + RAMP_S  # untimed: after another candidate's burst (bench.RAMP_S)
+            call()
+            while time.perf_counter() < warm_until:
+                call()
             t0 = time.perf_counter()
             call()
             count = max(3, min(200, round(burst_s / max(time.perf_counter() - t0, 1e-7))))

@@ -10,9 +10,9 @@ stable for that alone); and "spin", a Python template of 64 configurations whose
 length, with a clear best (the next is 8% slower). For each case and strategy, --runs times a fresh child
 process over a fresh cache calls `select_detailed` (the strategy's own budget) and reports its pick. Then one
 more child builds every candidate and times them side by side in steady state (--rounds interleaved rounds,
-each a burst of calls after an untimed one, the order reversed every other round; a candidate's figure is the
-median over rounds of its bursts' medians): that ranking, independent of the cold runs' timings, says which
-candidate is fastest and by how much the top two differ.
+each a burst of calls after untimed ones (bench.RAMP_S), the order reversed every other round; a candidate's
+figure is the median over rounds of its bursts' medians): that ranking, independent of the cold runs' timings,
+says which candidate is fastest and by how much the top two differ.
 
 Judged per case and strategy: where the top two differ by more than GAP, at least NEEDED of --runs picks must be
 the same (the issue's rule: repeatable); elsewhere (a near tie: either is right) at least NEEDED picks must be

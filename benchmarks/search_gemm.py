@@ -10,8 +10,8 @@ the exhaustive pick's steady-state time". Per shape, each in a fresh child proce
    exhaustive --strategy default` runs): wall time of the selection and its pick;
 2. one cold selection timing every candidate of the exhaustive space: the exhaustive pick;
 3. a steady child builds every distinct pick and times them side by side (--rounds interleaved rounds, the order
-   reversed every other round, each a burst of calls after an untimed one; a pick's figure is the median over
-   rounds of its bursts' medians), so the comparison does not hang on timings taken in other processes.
+   reversed every other round, each a burst of calls after untimed ones (bench.RAMP_S); a pick's figure is the
+   median over rounds of its bursts' medians), so the comparison does not hang on timings taken in other processes.
 
 Judged: each searched pick's steady time within TOLERANCE of the exhaustive pick's, and each cold search within
 COLD_LIMIT_S. Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset). Prints a table and writes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from tuneforge.store.records import Record
 from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
 from tuneforge.tune.confirm import MIN_ROUNDS, confidence, near_tie, time_side_by_side
 from tuneforge.tune.report import describe_confidence, format_table
+from tuneforge.tune.screening import screened_contenders
 from tuneforge.tune.select import select_detailed
 
 from .conftest import tuning_in_process
@@ -163,8 +165,11 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
     assert sure["versus"] == "slow" and n == len(rounds[0]) and wins >= n - 1
     tail = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n  # a fair coin's chance of that many wins or more
     assert sure["by"] > 0.5 and sure["p"] == pytest.approx(tail, abs=1e-4)
-    # the order alternates; each batch of 2 timed runs starts with an untimed warm-up run
-    assert order[:6] == ["f"] * 3 + ["s"] * 3 and order[6:12] == ["s"] * 3 + ["f"] * 3
+    # the order alternates (f s | s f | f s ...: a round's last batch and the next's first are the same run's); each
+    # batch of 2 timed runs follows untimed ones for bench.RAMP_S, at least one (runs of 0.5 ms: 1 to 6)
+    groups = [(run, len(list(batch))) for run, batch in itertools.groupby(order)]
+    assert [run for run, _ in groups] == ["f", "s"] * (len(groups) // 2) + ["f"] * (len(groups) % 2)
+    assert 3 <= groups[0][1] <= 8 and all(6 <= n <= 16 for _, n in groups[1:-1])
 
 
 def test_library_batches_pause_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,22 +278,28 @@ def test_many_choices_are_screened_and_only_contenders_timed_fully(tuning: Path)
         assert "+screened" not in records[name].method and records[name].count >= 12, records[name]  # a busy host
 
 
-def test_screened_contenders_are_timed_side_by_side_through_a_spell_of_contention(tuning: Path) -> None:
+def test_screened_contenders_are_timed_side_by_side_through_a_spell_of_contention(
+        tuning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spell of the host's contention (here: every run slowed 2x for 60 ms) starts as the contenders' full timing
     begins. Timed one after another, the spell fell on the fastest's whole timing and `close` won; in alternating
     rounds it falls on both alike and fades from their medians."""
-    spell = {"start": None, "calls": 0}
+    from tuneforge.tune import trials
+
+    spell: dict[str, float | None] = {"start": None}
 
     def contended(seconds: float) -> float:
         started = spell["start"]
         return 2 * seconds if started is not None and time.perf_counter() - started < 0.06 else seconds
 
+    def screened_then_spell(*args: Any, **kwargs: Any) -> list[int]:
+        picked = screened_contenders(*args, **kwargs)
+        spell["start"] = time.perf_counter()  # the screening is done: the contenders' timing begins
+        return picked
+
+    monkeypatch.setattr(trials, "screened_contenders", screened_then_spell)
+
     def make(name: str, seconds: float) -> Choice:
         def run(a: Any, b: Any, out: Any) -> None:
-            if name == "fast":
-                spell["calls"] += 1
-                if spell["calls"] == 6:  # its check and the screening's runs are done (3, a warm-up, the check)
-                    spell["start"] = time.perf_counter()
             spin(contended(seconds))
             np.add(a, b, out=out)
 
@@ -308,7 +319,7 @@ def test_screened_contenders_are_timed_side_by_side_through_a_spell_of_contentio
 
 def test_at_most_four_contenders_are_timed_fully(tuning: Path) -> None:
     """Nine choices all within the screen ratio of the fastest: only the four the brief timing found fastest are
-    timed again with the full budget (trials.SCREEN_KEEP)."""
+    timed again with the full budget (screening.SCREEN_KEEP)."""
     def make(name: str, seconds: float) -> Choice:
         def run(a: Any, b: Any, out: Any) -> None:
             spin(seconds)
@@ -346,7 +357,7 @@ def test_a_search_batch_times_each_build_s_fastest_fully() -> None:
     its batches (confirm "none") each build of several configurations gets its fastest timed fully as well."""
     from types import SimpleNamespace
 
-    from tuneforge.tune.trials import SCREEN_KEEP, _contenders
+    from tuneforge.tune.screening import SCREEN_KEEP
 
     def entry(build: str | None, ms: float) -> Any:
         choice = SimpleNamespace(render_identity=build) if build else named("lib")
@@ -355,8 +366,8 @@ def test_a_search_batch_times_each_build_s_fastest_fully() -> None:
     # build a: the five fastest; build b: its best 10% behind; c: a single configuration; d: beyond the screen ratio
     results = [entry("a", 1.0 + 0.01 * i) for i in range(5)] + [entry("b", 1.1), entry("b", 1.2), entry("c", 1.05),
                                                                     entry("d", 2.0), entry("d", 2.1), entry(None, 1.3)]
-    assert _contenders(results, "median") == list(range(SCREEN_KEEP))  # the fastest four, all of build a
-    assert _contenders(results, "median", per_build=True) == [*range(SCREEN_KEEP), 5]  # and b's fastest
+    assert screened_contenders(results, "median") == list(range(SCREEN_KEEP))  # the fastest four, all of build a
+    assert screened_contenders(results, "median", per_build=True) == [*range(SCREEN_KEEP), 5]  # and b's fastest
 
 
 def test_a_tie_the_rounds_do_not_decide_is_called_level() -> None:
@@ -364,3 +375,31 @@ def test_a_tie_the_rounds_do_not_decide_is_called_level() -> None:
     assert describe_confidence(clear) == "faster than b in 5 of 5 paired rounds, by 12.0% (sign test p=0.0312)"
     split = {"versus": "b", "rounds": 5, "faster_in": 2, "by": -0.007, "p": 0.812}
     assert describe_confidence(split) == "level with b: faster in 2 of 5 paired rounds, by -0.7% (sign test p=0.812)"
+
+
+def test_a_crowded_screening_levels_out_a_slow_spell(tuning: Path) -> None:
+    """Forty choices; the host runs every call 2x slower from the 21st on. `best` (0.5 ms), screened late, then
+    times 1.0 ms, far past screen_ratio (1.3) over `early` (0.6 ms, screened before the spell): it would keep its
+    brief timing and `early` would win. The fastest of the first 16 is timed again every 16 choices, and what
+    follows is scaled by how much slower it ran than the first time again: `best` is a contender, and wins."""
+    spell = {"on": False}
+
+    def make(name: str, seconds: float, index: int) -> Choice:
+        def run(a: Any, b: Any, out: Any) -> None:
+            spell["on"] = spell["on"] or index >= 20
+            spin(seconds * (2 if spell["on"] else 1))
+            np.add(a, b, out=out)
+
+        return ExternChoice(run, name=name)
+
+    times = {i: 0.0009 for i in range(40)} | {1: 0.0006, 35: 0.0005}
+    names = {1: "early", 35: "best"}
+    choices = [make(names.get(i, f"c{i}"), t, i) for i, t in times.items()]
+    with config.patch(autotune_bench_time_s=0.02, autotune_min_repeats=3, autotune_confirm_margin=0.0,
+                      autotune_abandon_ratio=0.0):
+        selection = select_detailed("level", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert spell["on"]
+    assert selection.choice.name == "best", {n: records[n].median_ms for n in ("early", "best")}
+    assert records["c37"].info["screen_level"] > 1.5  # screened in the spell, its figure divided by the level
+    assert "screen_level" not in records["c25"].info  # in the spell too, but before the control showed it

@@ -110,7 +110,7 @@ def test_choices_built_early_are_timed_while_a_slow_one_compiles(quick_tuning: P
 
 
 def test_the_selections_contenders_are_timed_fully_by_its_last_job(quick_tuning: Path, tmp_path: Path) -> None:
-    # 11 choices: screened (trials.SCREEN_ABOVE), though each part holds fewer
+    # 11 choices: screened (screening.SCREEN_ABOVE), though each part holds fewer
     compiled = labelled([*((f"good{i}", "good") for i in range(9)), ("lagging", "good_slow")])
     gate = Gate(wanted=len(compiled))
     try:
@@ -197,7 +197,7 @@ def test_a_gpu_selection_times_cublas_and_the_first_kernels_while_the_rest_compi
 
 
 def test_gpu_choices_are_screened_among_the_whole_selection() -> None:
-    from tuneforge.tune.trials import SCREEN_REPEATS, SCREEN_SHARE, gpu_screening, screen_budget
+    from tuneforge.tune.screening import SCREEN_REPEATS, SCREEN_SHARE, gpu_screening, screen_budget
 
     spec = TensorSpec.contiguous((N,), "float16", device="cuda", device_index=0)  # a spec: no GPU needed
     gpu = TrialJob(name="screen", key="test-screen", outputs=[2], arg_specs=[spec, spec], out_spec=spec)

@@ -80,6 +80,13 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 _LONG_RUN_REPEATS = 2  # enough once single runs last a large part of a second: their spread is small
 LONG_RUN_NS = 50_000_000  # a checked run this long counts as a timed run (first-call effects are noise by then)
 FIRST_RUN_SLACK = 2.0  # ... unless the next run is this many times faster: the checked one held a one-time cost
+# A core left idle comes back to speed over a few milliseconds (here, a 2-vCPU VM: a 2-thread 128^3 GEMM kernel
+# timed right after a 1-thread one ran 85, 80, 59, 56, 46 us a call, medians of 10 calls, before settling at 41;
+# after another 2-thread one, 54 from the first call on). A brief timing of a short kernel that began at once
+# ranked every 2-thread choice that followed a 1-thread one by its ramp: short runs are timed after this long of
+# untimed runs.
+RAMP_S = 0.003
+RAMP_NS = int(RAMP_S * 1e9)
 
 
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,

@@ -25,7 +25,7 @@ from typing import Any
 
 from tuneforge import config
 from tuneforge.store.records import Record
-from tuneforge.tune.bench import Timing
+from tuneforge.tune.bench import RAMP_S, Timing
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.quiet import settle
 
@@ -117,9 +117,13 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                     time.sleep(pause)
                     paused += pause
                 after_library = settle_after[i]
-                if warm_up:  # untimed: wakes the thread pool and the core up after the pause
-                    setup()
-                    runs[i]()
+                if warm_up:  # untimed: wakes the thread pool and the cores up after the pause (bench.RAMP_S)
+                    warm_until = time.perf_counter() + RAMP_S
+                    while True:
+                        setup()
+                        runs[i]()
+                        if time.perf_counter() >= warm_until:
+                            break
                 for _ in range(batch):
                     setup()
                     t0 = time.perf_counter_ns()

@@ -54,7 +54,7 @@ class TrialJob:
     # What is re-timed side by side after the trials (confirm.py): "ties" (near ties, and a narrow win over the
     # reference), "all" (every choice timed: a search's finalists) or "none" (a search's batch, which leaves it to
     # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10; and whose screening times
-    # each build's fastest configuration fully: trials._contenders).
+    # each build's fastest configuration fully: screening.screened_contenders).
     confirm: str = field(default="ties", compare=False)
     # Choices timed in an earlier batch of this selection, by hash: their records stand (checked on these very
     # inputs) and they run again only in the side-by-side re-timing (a search's finalists: a full second timing
@@ -66,7 +66,7 @@ class TrialJob:
     # last job, among all of its choices and once the compilers are done.
     part: bool = field(default=False, compare=False)
     # The selection's choice count when this job holds a part of them (streamed.py), else 0: whether its choices
-    # are screened (timed briefly first, trials.screen_budget) is decided by the whole selection's count.
+    # are screened (timed briefly first, screening.screen_budget) is decided by the whole selection's count.
     screen_among: int = field(default=0, compare=False)
     # "cpu" or "cuda:N": where the trials run and how they are timed (see device.py). Derived from the
     # specs (or the live arguments) once, here, so arguments on two GPUs fail when the job is made.

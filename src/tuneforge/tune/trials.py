@@ -18,7 +18,6 @@ nothing more can run in this process (a benchmark worker exits, and its parent s
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import logging
@@ -30,7 +29,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
-from tuneforge.tune.bench import LONG_RUN_NS, Timing, benchmark_cpu
+from tuneforge.tune.bench import LONG_RUN_NS, RAMP_NS, RAMP_S, Timing, benchmark_cpu
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import contenders, near_tie
@@ -48,6 +47,15 @@ from tuneforge.tune.job import TrialJob, error_text, make_record, reference_fail
 from tuneforge.tune.paired import time_paired
 from tuneforge.tune.quiet import settle
 from tuneforge.tune.sample import SAMPLED, calibrated, scaled
+from tuneforge.tune.screening import (
+    LEVEL_INFO,
+    SCREEN_CROWD,
+    SCREEN_REPEATS,
+    ScreenLevel,
+    gpu_screening,
+    screen_budget,
+    screened_contenders,
+)
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -83,6 +91,7 @@ class Trials:
         self.reference_contended = job.ahead  # its run shared the cores with compilers: no timing (TrialJob.ahead)
         self.sync = _sync_device(job.device)
         self.lost: str | None = None  # the sticky CUDA error after which nothing runs or is restored here
+        self.screen_level: ScreenLevel | None = None  # a crowded screening's (screen_level.py), while it runs
 
     @staticmethod
     def checks_with(reference: Choice | None) -> bool:
@@ -195,7 +204,10 @@ class Trials:
                 counted = (not whole or long_check) and not (reference_ns is not None and self.reference_contended)
                 # An unsampled choice whose check alone lasted max_bench_s is timed by it: a 4096^3 library call's
                 # second run was a quarter of that shape's cold tuning, and long runs vary little.
-                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=not cold,
+                # a check shorter than the ramp (bench.RAMP_S) warmed the code, not the cores
+                ramp = not cold and checked_ns < RAMP_NS
+                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=not cold and not ramp,
+                                       warmup_s=RAMP_S if ramp else None,
                                        abandon_ms=None if abandon is None else abandon / factor,
                                        first_ns=checked_ns if counted else None,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
@@ -207,6 +219,9 @@ class Trials:
                                        budget_s=budget_s, warmup_s=warmup_s, min_repeats=min_repeats)
             if budget_s is not None:
                 timing = dataclasses.replace(timing, method=timing.method + "+screened")
+                if self.screen_level is not None and self.screen_level.level != 1.0:
+                    timing = timing.scaled(1 / self.screen_level.level)
+                    info[LEVEL_INFO] = round(self.screen_level.level, 4)
         except Exception as exc:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
@@ -226,15 +241,17 @@ class Trials:
             self.best_ms = timing.median_ms
         return make_record(self.job, choice, "ok", timing=timing, info=info)
 
-    def retime(self, choice: Choice, screened: Record) -> Record:
-        """Time a screened contender again with the full budget (its output was checked when screened)."""
+    def retime(self, choice: Choice, screened: Record, budget_s: float | None = None) -> Record:
+        """Time a screened contender again with the full budget (its output was checked when screened), or, for
+        `budget_s`, briefly and as it runs now (a crowded screening's control: screen_level.py)."""
         restore = self.restored_for_timing(screened.info.get("mutates_inputs", []))
         args, initial, _, factor = self.problem(choice)  # where it was screened
         started = time.perf_counter()
         try:
             run, setup = (lambda: choice.run(args)), (lambda: verify.restore(args, initial, restore))
-            timing = benchmark_cpu(run, setup=setup) if self.job.device == "cpu" else \
-                benchmark_gpu(run, setup=setup, device=self.job.device)
+            timing = benchmark_cpu(run, setup=setup, budget_s=budget_s,
+                                   min_repeats=None if budget_s is None else SCREEN_REPEATS) \
+                if self.job.device == "cpu" else benchmark_gpu(run, setup=setup, device=self.job.device)
             timing = scaled(timing, factor) if factor != 1.0 else timing
         except Exception as exc:  # it ran when screened: keep those figures
             log.warning("%s: timing %s again failed (%s); keeping its first timing", self.job.name, choice.name, exc)
@@ -242,6 +259,8 @@ class Trials:
         finally:
             self.bench_s += time.perf_counter() - started
             verify.restore(self.args, self.initial)
+        if budget_s is not None:
+            return make_record(self.job, choice, "ok", timing=timing, info=screened.info)
         return self._timed(choice, timing, screened.info)
 
     def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
@@ -339,82 +358,30 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
 SAMPLE_REPEATS, WHOLE_REPEATS = 3, 1
 CALIBRATION_MAX = 1.25  # estimates are scaled by at most this much either way (_settle_sampled)
 
-# Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices, each is first timed for
-# SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. The GEMV
-# and skinny GEMM spaces have 13-23 choices, most of them clearly slower: timing each fully made most of a cold
-# tuning. Fewer choices gain little, and each contender is timed twice. At most SCREEN_KEEP contenders, the
-# fastest: a memory-bound GEMV's choices are all within the ratio (1x4096x4096 fp64: 10 of 13, 1.3 s of its 4.3 s
-# cold tuning re-timing them), and those the brief timing put fifth or later are rarely more than noise ahead.
-SCREEN_ABOVE, SCREEN_SHARE, SCREEN_REPEATS, SCREEN_KEEP = 8, 0.2, 3, 4
-
-
-# From SCREEN_CROWD choices on, the brief timings shrink in proportion (to SCREEN_REPEATS runs at least): a search's
-# batch of 8 builds of 25 configurations each spent 7 s of a 512^3 search's 14 screening them at 20 ms each.
-SCREEN_CROWD = 32
-
-
-def screen_budget(job: TrialJob, count: int) -> float | None:
-    """The brief timing's budget for `job`'s `count` choices, or None: every choice is timed fully. The count is
-    the selection's when the job holds a part of it (TrialJob.screen_among)."""
-    count = job.screen_among or count
-    if count <= SCREEN_ABOVE or config.get_float("autotune.screen_ratio") <= 0:
-        return None
-    if job.device != "cpu":
-        return SCREEN_SHARE * config.get_float("cuda.bench_time_s")
-    return SCREEN_SHARE * config.get_float("autotune.bench_time_s") * min(1.0, SCREEN_CROWD / count)
-
-
-def gpu_screening(budget_s: float | None) -> tuple[float | None, int | None]:
-    """benchmark_gpu's warm-up and least repeats for a brief timing of `budget_s` (None: a full timing, the
-    settings' own). A GPU's 16 default GEMM choices timed fully took 0.7-1.4 s of an H100's 2.9-4.0 s prepared cold
-    selection, where events time a 20 us kernel within 1% in a hundred runs: the brief one's warm-up is cut
-    alike (the checked run loaded the kernel)."""
-    if budget_s is None:
-        return None, None
-    return SCREEN_SHARE * config.get_float("autotune.warmup_s"), SCREEN_REPEATS
-
-
-def _contenders(results: Sequence[tuple[int, Choice, Record]], statistic: str, per_build: bool = False) -> list[int]:
-    """Positions in `results` of the screened choices within autotune.screen_ratio of the fastest, at most
-    SCREEN_KEEP of them, the fastest first; `per_build` (a search's batch, which ranks builds by their fastest
-    configuration): also the fastest of each build of several configurations within the ratio. Its brief timing
-    is no figure to rank a build by: a 512^3 3x4v build screened at 4.5 ms (3 runs) runs 3.7 ms, the best build,
-    and the search descended from another one."""
-    timed = [(pos, t) for pos, (_, _, record) in enumerate(results)
-             if record.status == "ok" and "+screened" in record.method and "+abandoned" not in record.method
-             and (t := record.time(statistic)) is not None]
-    if not timed:
-        return []
-    best = min(t for _, t in timed)
-    ratio = config.get_float("autotune.screen_ratio")
-    near = sorted((t, pos) for pos, t in timed if t <= best * ratio)
-    picked = [pos for _, pos in near[:SCREEN_KEEP]]
-    if per_build:
-        builds = [getattr(choice, "render_identity", None) for _, choice, _ in results]
-        shared = {b for b, n in collections.Counter(builds).items() if b is not None and n > 1}
-        fastest: dict[str, int] = {}
-        for _, pos in near:
-            if (build := builds[pos]) is not None and build in shared:
-                fastest.setdefault(build, pos)
-        picked += [pos for pos in fastest.values() if pos not in picked]
-    return picked
-
-
 def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
     results = []
     screen_s = screen_budget(trials.job, len(choices))
+    job = trials.job
+    crowded = screen_s is not None and job.device == "cpu" and job.sample is None and len(choices) >= SCREEN_CROWD
+    trials.screen_level = level = ScreenLevel() if crowded else None
     for i, choice in enumerate(choices):
         earlier = trials.job.timed.get(choice.hash_key)
         if earlier is not None:  # timed in an earlier batch: left to the side-by-side re-timing
             emit(ChoiceResult(i, earlier))
             results.append((i, choice, earlier))
             continue
+        if level is not None and (control := level.due()) is not None:
+            again = trials.retime(*control, budget_s=screen_s)
+            level.measured(again.median_ms if again is not control[1] else None)
         emit(ChoiceStarted(i))
         record = trials.run(choice, screen_s)
+        if level is not None:
+            level.seen(choice, record)
         emit(ChoiceResult(i, record))
         if trials.lost is not None:
             raise trials.context_lost(choice.name, i + 1, len(choices))
         results.append((i, choice, record))
+    trials.screen_level = None
     if trials.job.part:  # its contenders are the selection's last job's to time fully, among all (streamed.py)
         return
     if screen_s is not None:
@@ -428,7 +395,8 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
 def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], emit: Callable[[Event], None]) -> None:
     """Give the contenders of a screening their full timing: on the CPU side by side (paired.py), unless they ran
     on a sample (each on its own cut of the rows); one after another on a GPU, whose timings hardly drift."""
-    positions = _contenders(results, config.get_str("autotune.statistic"), per_build=trials.job.confirm == "none")
+    statistic = config.get_str("autotune.statistic")
+    positions = screened_contenders(results, statistic, per_build=trials.job.confirm == "none")
     # a search's batch: the best so far (timed in an earlier batch) is re-timed beside them and sets their level
     anchors = [pos for pos, (_, choice, _) in enumerate(results)
                if trials.job.confirm == "none" and choice.hash_key in trials.job.timed]

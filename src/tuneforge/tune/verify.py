@@ -91,7 +91,8 @@ def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float
         wide = got.dtype.type
     real = np.float64 if wide is np.complex128 else wide  # |complex| is real
     largest_block = max((g.size for _, g, _ in _blocks(got, want)), default=0)
-    magnitude_buffer, error_buffer = np.empty(largest_block, real), np.empty(largest_block, real)
+    magnitude_buffer: np.ndarray[Any, Any] = np.empty(largest_block, real)
+    error_buffer: np.ndarray[Any, Any] = np.empty(largest_block, real)
     scale = largest = 0.0
     worst: tuple[float, tuple[int, ...]] | None = None  # (largest excess, where)
     for index, g, w in _blocks(got, want):
@@ -99,7 +100,7 @@ def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float
             continue
         magnitude = magnitude_buffer[:g.size].reshape(g.shape)
         error = error_buffer[:g.size].reshape(g.shape)
-        wide_w = w.astype(wide, copy=False)
+        wide_w: np.ndarray[Any, Any] = w.astype(wide, copy=False)
         np.abs(wide_w, out=magnitude)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are inf: masked out below
             np.abs(g.astype(wide, copy=False) - wide_w if wide is np.complex128 else
