@@ -403,3 +403,31 @@ def test_a_crowded_screening_levels_out_a_slow_spell(tuning: Path) -> None:
     assert selection.choice.name == "best", {n: records[n].median_ms for n in ("early", "best")}
     assert records["c37"].info["screen_level"] > 1.5  # screened in the spell, its figure divided by the level
     assert "screen_level" not in records["c25"].info  # in the spell too, but before the control showed it
+
+
+def test_a_short_choice_is_timed_after_the_cores_ramp(tuning: Path) -> None:
+    """A 0.2 ms choice whose first calls after its check run 1.5 ms (an idle core coming back to speed): its brief
+    timing starts once bench.RAMP_S of untimed runs have passed, and its figure is its own, not the ramp's (which
+    would put it past the screen ratio of eight 0.5 ms choices, with no full timing to set it right)."""
+    from tuneforge.tune.bench import RAMP_S
+
+    calls = {"ramping": 0}
+
+    def make(name: str, seconds: float) -> Choice:
+        def run(a: Any, b: Any, out: Any) -> None:
+            if name == "ramping":
+                calls[name] += 1
+                slow = 2 <= calls[name] <= 1 + math.ceil(RAMP_S / 0.0015)  # the calls right after the check
+                spin(0.0015 if slow else seconds)
+            else:
+                spin(seconds)
+            np.add(a, b, out=out)
+
+        return ExternChoice(run, name=name)
+
+    choices = [*(make(f"steady{i}", 0.0005) for i in range(8)), make("ramping", 0.0002)]  # ramping: 1.5 ms first
+    with config.patch(autotune_bench_time_s=0.01, autotune_min_repeats=3, autotune_screen_ratio=1.01):
+        selection = select_detailed("ramp", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert selection.choice.name == "ramping"
+    assert records["ramping"].median_ms is not None and records["ramping"].median_ms < 0.5, records["ramping"]
