@@ -91,7 +91,7 @@ class Trials:
         self.reference_contended = job.ahead  # its run shared the cores with compilers: no timing (TrialJob.ahead)
         self.sync = _sync_device(job.device)
         self.lost: str | None = None  # the sticky CUDA error after which nothing runs or is restored here
-        self.screen_level: ScreenLevel | None = None  # a crowded screening's (screen_level.py), while it runs
+        self.screen_level: ScreenLevel | None = None  # a crowded screening's (screening.py), while it runs
 
     @staticmethod
     def checks_with(reference: Choice | None) -> bool:
@@ -243,7 +243,7 @@ class Trials:
 
     def retime(self, choice: Choice, screened: Record, budget_s: float | None = None) -> Record:
         """Time a screened contender again with the full budget (its output was checked when screened), or, for
-        `budget_s`, briefly and as it runs now (a crowded screening's control: screen_level.py)."""
+        `budget_s`, briefly and as it runs now (a crowded screening's control: screening.py)."""
         restore = self.restored_for_timing(screened.info.get("mutates_inputs", []))
         args, initial, _, factor = self.problem(choice)  # where it was screened
         started = time.perf_counter()
