@@ -195,7 +195,9 @@ class Trials:
             verify.restore(args, initial, restore)
 
         ratio = config.get_float("autotune.abandon_ratio")
-        abandon = ratio * self.best_ms if ratio > 0 and self.best_ms is not None else None
+        # the best so far is at the screening's first level; runs now take `level` times as long (screening.py)
+        level = self.screen_level.level if self.screen_level is not None and budget_s is not None else 1.0
+        abandon = ratio * self.best_ms * level if ratio > 0 and self.best_ms is not None else None
         try:
             if self.job.device == "cpu":
                 # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
