@@ -400,8 +400,10 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
     statistic = config.get_str("autotune.statistic")
     positions = screened_contenders(results, statistic, per_build=trials.job.confirm == "none")
     # a search's batch: the best so far (timed in an earlier batch) is re-timed beside them and sets their level
-    anchors = [pos for pos, (_, choice, _) in enumerate(results)
-               if trials.job.confirm == "none" and choice.hash_key in trials.job.timed]
+    # (fully timed: a streamed part's screened figures, which a last job also holds as timed, set no level)
+    anchors = [pos for pos, (_, choice, record) in enumerate(results)
+               if trials.job.confirm == "none" and choice.hash_key in trials.job.timed and record.status == "ok"
+               and "+screened" not in record.method]
     if trials.job.device == "cpu" and trials.job.sample is None and positions and len(positions) + len(anchors) > 1:
         tie = [*positions, *anchors]
         paired = time_paired(trials, [(results[pos][1], results[pos][2]) for pos in tie],
