@@ -58,7 +58,7 @@ def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s
     OpenBLAS's threads spin 0.1-0.15 s after one), a pause until the process is idle: the next calls' bursts would
     otherwise share the cores with those threads (a 128^3 GEMM kernel timed after numpy's burst: 124 us for its 64
     alone)."""
-    from tuneforge.tune.bench import RAMP_S
+    from tuneforge.tune.bench import RAMP_S, warm_up
     from tuneforge.tune.quiet import settle
 
     names = list(calls)
@@ -66,10 +66,7 @@ def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s
     for r in range(rounds):
         for name in names if r % 2 == 0 else list(reversed(names)):
             call = calls[name]
-            warm_until = time.perf_counter() + RAMP_S  # untimed: after another candidate's burst (bench.RAMP_S)
-            call()
-            while time.perf_counter() < warm_until:
-                call()
+            warm_up(call, RAMP_S)  # untimed: after another candidate's burst
             t0 = time.perf_counter()
             call()
             count = max(3, min(200, round(burst_s / max(time.perf_counter() - t0, 1e-7))))

@@ -142,15 +142,9 @@ def timed_burst(call: Callable[[], None], before: Callable[[], None] | None, cou
                 warmup: int = 1) -> tuple[float, float]:
     """(median call seconds, mean iteration seconds) over `count` iterations of `before` then `call`, after
     `warmup` untimed ones, and as many more as bench.RAMP_S takes (the cores come back to speed)."""
-    from tuneforge.tune.bench import RAMP_S
+    from tuneforge.tune.bench import RAMP_S, warm_up
 
-    warm_until = time.perf_counter() + RAMP_S
-    done = 0
-    while done < warmup or time.perf_counter() < warm_until:
-        if before is not None:
-            before()
-        call()
-        done += 1
+    warm_up(call, RAMP_S, before, at_least=warmup)
     calls = []
     started = time.perf_counter()
     for _ in range(count):

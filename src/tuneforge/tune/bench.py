@@ -89,6 +89,18 @@ RAMP_S = 0.003
 RAMP_NS = int(RAMP_S * 1e9)
 
 
+def warm_up(fn: Callable[[], object], seconds: float, setup: Callable[[], object] | None = None,
+            at_least: int = 1) -> None:
+    """Untimed ``setup(); fn()`` runs until `seconds` have passed, and at least `at_least` of them."""
+    until = time.perf_counter() + seconds
+    done = 0
+    while done < at_least or time.perf_counter() < until:
+        if setup is not None:
+            setup()
+        fn()
+        done += 1
+
+
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,
                   warmup_s: float | None = None, budget_s: float | None = None, min_repeats: int | None = None,
                   max_repeats: int | None = None, flush_cache: bool | None = None, warmed: bool = False,
@@ -117,13 +129,8 @@ def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | Non
         raise ValueError(f"benchmark_cpu: max_repeats must be at least 1, not {max_repeats}")
     min_repeats = min(min_repeats, max_repeats)
 
-    warmup_end = time.perf_counter() + warmup_s
-    while not warmed:
-        if setup is not None:
-            setup()
-        fn()
-        if time.perf_counter() >= warmup_end:
-            break
+    if not warmed:
+        warm_up(fn, warmup_s, setup)
 
     budget_ns = budget_s * 1e9
     long_ns = max_bench_s * 1e9 if max_bench_s > 0 else float("inf")

@@ -25,7 +25,7 @@ from typing import Any
 
 from tuneforge import config
 from tuneforge.store.records import Record
-from tuneforge.tune.bench import RAMP_S, Timing
+from tuneforge.tune.bench import RAMP_S, Timing, warm_up
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.quiet import settle
 
@@ -93,7 +93,7 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     their order, so library batches come in pairs (k L | L k | k L ...): one pause per pair, not one per batch.
     """
     batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
-    warm_up = typical_ms < WARM_UP_BELOW_MS
+    warm = typical_ms < WARM_UP_BELOW_MS
     budget_s = 2 * config.get_float("autotune.bench_time_s")
     long_s = config.get_float("autotune.max_bench_s") or float("inf")  # long kernels: one round can do
     settle_s = config.get_float("autotune.settle_s")
@@ -117,13 +117,8 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                     time.sleep(pause)
                     paused += pause
                 after_library = settle_after[i]
-                if warm_up:  # untimed: wakes the thread pool and the cores up after the pause (bench.RAMP_S)
-                    warm_until = time.perf_counter() + RAMP_S
-                    while True:
-                        setup()
-                        runs[i]()
-                        if time.perf_counter() >= warm_until:
-                            break
+                if warm:  # untimed: wakes the thread pool and the cores up after the pause (bench.RAMP_S)
+                    warm_up(runs[i], RAMP_S, setup)
                 for _ in range(batch):
                     setup()
                     t0 = time.perf_counter_ns()

@@ -90,7 +90,7 @@ def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float
     if got.dtype == want.dtype and got.dtype in (np.float32, np.float64):
         wide = got.dtype.type
     real = np.float64 if wide is np.complex128 else wide  # |complex| is real
-    largest_block = max((g.size for _, g, _ in _blocks(got, want)), default=0)
+    largest_block = next(_blocks(got, want))[1].size  # the first: only the last one is shorter
     magnitude_buffer: np.ndarray[Any, Any] = np.empty(largest_block, real)
     error_buffer: np.ndarray[Any, Any] = np.empty(largest_block, real)
     scale = largest = 0.0
@@ -103,8 +103,10 @@ def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float
         wide_w: np.ndarray[Any, Any] = w.astype(wide, copy=False)
         np.abs(wide_w, out=magnitude)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are inf: masked out below
-            np.abs(g.astype(wide, copy=False) - wide_w if wide is np.complex128 else
-                   np.subtract(g.astype(wide, copy=False), wide_w, out=error), out=error)
+            if wide is np.complex128:  # the difference is complex: no real buffer holds it
+                np.abs(g.astype(wide, copy=False) - wide_w, out=error)
+            else:
+                np.abs(np.subtract(g.astype(wide, copy=False), wide_w, out=error), out=error)
         block_scale, block_largest = float(magnitude.max()), float(error.max())  # NaN and inf come through max
         if not (np.isfinite(block_scale) and np.isfinite(block_largest)):  # a non-finite value somewhere
             finite_want = np.isfinite(w)
