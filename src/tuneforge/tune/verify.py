@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -63,11 +64,22 @@ def compare(actual: Any, expected: Any, *, rtol: float | None = None, atol: floa
 
 
 # Outputs are compared in blocks of leading-axis slices of about this many elements, through two scratch buffers
-# made once per comparison: whole-array float64 temporaries of a 4096^2 output cost ~0.25 s a comparison (most of
-# it page faults), and a 512^2 float64 output's two fresh 2 MiB temporaries per block 8.2 ms (0.49 for float32);
-# with the buffers, 0.67 ms (0.38). Smaller blocks cost more in numpy's per-call overhead than they save (2^15
-# elements: 4096^2 float32 47 ms against 36-39).
+# kept per thread: whole-array float64 temporaries of a 4096^2 output cost ~0.25 s a comparison (most of it page
+# faults), and a 512^2 float64 output's two fresh 2 MiB temporaries per block 8.2 ms (0.49 for float32). Two
+# buffers made once per comparison still cost 1.8 ms of page faults for float64 (1 MiB each: glibc maps and unmaps
+# them every time), about half a 512^3 float64 GEMM's check; kept, the comparison takes 0.7 ms. Smaller blocks cost
+# more in numpy's per-call overhead than they save (2^15 elements: 4096^2 float32 47 ms against 36-39).
 _BLOCK_ELEMENTS = 1 << 17
+_scratch = threading.local()  # .buffers: {dtype: (magnitude, error)}, each of at least the block's size
+
+
+def _scratch_buffers(size: int, dtype: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Two scratch arrays of `dtype` with at least `size` elements, this thread's own (made on first use)."""
+    kept: dict[Any, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = _scratch.__dict__.setdefault("buffers", {})
+    pair = kept.get(dtype)
+    if pair is None or pair[0].size < size:
+        pair = kept[dtype] = (np.empty(size, dtype), np.empty(size, dtype))
+    return pair
 
 
 def _blocks(got: np.ndarray, want: np.ndarray) -> Iterator[tuple[tuple[slice, ...], np.ndarray, np.ndarray]]:
@@ -91,8 +103,7 @@ def _compare_inexact(got: np.ndarray, want: np.ndarray, rtol: float, atol: float
         wide = got.dtype.type
     real = np.float64 if wide is np.complex128 else wide  # |complex| is real
     largest_block = next(_blocks(got, want))[1].size  # the first: only the last one is shorter
-    magnitude_buffer: np.ndarray[Any, Any] = np.empty(largest_block, real)
-    error_buffer: np.ndarray[Any, Any] = np.empty(largest_block, real)
+    magnitude_buffer, error_buffer = _scratch_buffers(largest_block, real)
     scale = largest = 0.0
     worst: tuple[float, tuple[int, ...]] | None = None  # (largest excess, where)
     for index, g, w in _blocks(got, want):
