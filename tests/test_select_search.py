@@ -316,3 +316,52 @@ def test_a_batch_timed_in_a_slow_spell_keeps_its_place_beside_the_best_so_far(qu
     assert selection.choice.name == "k14", {n: records[n].median_ms for n in ("k0", "k1", "k14", "k15")}
     k14 = records["k14"]
     assert "+paired" in k14.method and k14.median_ms is not None and k14.median_ms < records["k0"].median_ms
+
+
+def test_a_library_call_among_a_batchs_contenders_is_timed_on_its_own(quick: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library call leaves its thread pool spinning after each of its batches of runs, and each kernel batch
+    after it waits for the pool to go idle: in a search's batch it is timed alone, after the paired kernels (the
+    finalists time it beside the best configurations)."""
+    from tuneforge.search import Budget
+    from tuneforge.tune import paired as pairing
+    from tuneforge.tune import trials
+
+    flags: list[list[bool]] = []
+    side_by_side = pairing.time_side_by_side
+
+    def counted(runs: Any, setup: Any, typical: float, settle_after: Any) -> Any:
+        flags.append(list(settle_after))
+        return side_by_side(runs, setup, typical, settle_after)
+
+    monkeypatch.setattr(pairing, "time_side_by_side", counted)
+    alone: list[str] = []
+    retime = trials.Trials.retime
+
+    def retime_counted(self: Any, choice: Any, *args: Any, **kwargs: Any) -> Any:
+        if "budget_s" not in kwargs:  # a full timing, not a crowded screening's control
+            alone.append(choice.name)
+        return retime(self, choice, *args, **kwargs)
+
+    monkeypatch.setattr(trials.Trials, "retime", retime_counted)
+    times = {i: 0.003 for i in range(20)} | {0: 0.0009, 1: 0.001, 11: 0.00095}
+
+    def kernel(x: Any, out: Any, i: int = 0) -> None:
+        end = time.perf_counter() + times[i]
+        while time.perf_counter() < end:
+            pass
+        out[...] = x * 2
+
+    def library(x: Any, out: Any) -> None:
+        kernel(x, out, 1)
+
+    choices: list[Choice] = [ExternChoice(library, name="library"),
+                             *(CallableChoice(kernel, {"i": i}, name=f"k{i}") for i in range(20))]
+    plan = SearchPlan("exhaustive", Budget(evaluations=20), batch=10)  # two batches of 10, then the finalists
+    with config.patch(autotune_abandon_ratio=0.0):
+        selection = select_detailed("alone", choices, [np.ones(64)], out=np.empty(64), strategy=plan)
+    assert selection.choice.name in ("k0", "k11", "k1", "library")
+    assert "library" in alone  # a contender of the first batch, timed on its own
+    batches, finalists = flags[:-1], flags[-1]
+    assert batches and not any(True in f for f in batches), flags  # no library call paired in a batch
+    assert finalists.count(True) == 1, flags  # the finalists' job: beside the best configurations

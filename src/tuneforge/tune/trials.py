@@ -398,13 +398,22 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
     """Give the contenders of a screening their full timing: on the CPU side by side (paired.py), unless they ran
     on a sample (each on its own cut of the rows); one after another on a GPU, whose timings hardly drift."""
     statistic = config.get_str("autotune.statistic")
-    positions = screened_contenders(results, statistic, per_build=trials.job.confirm == "none")
+    batch = trials.job.confirm == "none"
+    positions = screened_contenders(results, statistic, per_build=batch)
     # a search's batch: the best so far (timed in an earlier batch) is re-timed beside them and sets their level
     # (fully timed: a streamed part's screened figures, which a last job also holds as timed, set no level)
     anchors = [pos for pos, (_, choice, record) in enumerate(results)
-               if trials.job.confirm == "none" and choice.hash_key in trials.job.timed and record.status == "ok"
+               if batch and choice.hash_key in trials.job.timed and record.status == "ok"
                and "+screened" not in record.method]
-    if trials.job.device == "cpu" and trials.job.sample is None and positions and len(positions) + len(anchors) > 1:
+    paired_cpu = trials.job.device == "cpu" and trials.job.sample is None
+    alone: list[int] = []
+    if batch and paired_cpu:
+        # A library call among a batch's contenders is timed on its own, after them: in alternating rounds each
+        # of its batches left its thread pool spinning, a pause of ~0.1 s before the next kernel (0.7 s of a 512^3
+        # float64 search's first batch); the finalists time it beside the best configurations in any case.
+        alone = [pos for pos in positions if results[pos][1].is_extern]
+        positions = [pos for pos in positions if pos not in alone]
+    if paired_cpu and positions and len(positions) + len(anchors) > 1:
         tie = [*positions, *anchors]
         paired = time_paired(trials, [(results[pos][1], results[pos][2]) for pos in tie],
                              anchors=range(len(positions), len(tie)))
@@ -413,8 +422,8 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
                 i, choice, _ = results[pos]
                 emit(ChoiceConfirmed(i, record))
                 results[pos] = (i, choice, record)
-        return
-    for pos in positions:
+        positions = []
+    for pos in [*positions, *alone]:
         i, choice, screened = results[pos]
         record = trials.retime(choice, screened)
         if record is not screened:
