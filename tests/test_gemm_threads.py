@@ -1,4 +1,4 @@
-"""The GEMM kernels' own thread pool (kernels/gemm/pool.h): correct on any number of threads and chunks, from
+"""The GEMM kernels' own thread pool (kernels/gemm/pool.cpp): correct on any number of threads and chunks, from
 several Python threads at once and after a fork; no OpenMP runtime in the process; OMP_WAIT_POLICY obeyed."""
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ print("arrays", *ran(lambda: tuneforge.gemm(x, y)))
 
 def test_tensor_calls_run_on_torchs_openmp_team_and_array_calls_on_the_kernels_pool(tmp_path: Path) -> None:
     """A kernel called for torch tensors shares torch's OpenMP workers (whose spinning after torch's own ops would
-    otherwise take the cores from a pool of its own); for numpy arrays it keeps its pool (pool.h: why)."""
+    otherwise take the cores from a pool of its own); for numpy arrays it keeps its pool (pool.cpp: why)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("a two-thread kernel needs two CPUs")
     proc = run_python(_TEAM_CHILD, env={"TUNEFORGE_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "2",

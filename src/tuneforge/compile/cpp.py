@@ -62,6 +62,10 @@ class CppBuild:
     functions: tuple[str, ...] = ()
     user_source: str = ""
     object_file: bool = False
+    # Sources compiled once each into an object of their own (a stored artifact, with the module's options) and
+    # linked into the module: code that every module of a template shares and no configuration changes (the GEMM
+    # kernels' thread pool: compiling it into each kernel was a third of every build).
+    link_sources: tuple[str, ...] = ()
     # Who asked for the build (a template choice's render identity) and the functions the module
     # exports: kept in the artifact's meta so a record naming the artifact can be checked without a
     # render, but not part of the key (or of equality): the same source is the same artifact.
@@ -155,6 +159,8 @@ def key_material(build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
     if build.python_module:
         material["python"] = {"implementation": sys.implementation.name, "soabi": sysconfig.get_config_var("SOABI"),
                               "version": list(sys.version_info[:2])}
+    if build.link_sources:  # only where there are: every other artifact keeps its key
+        material["link_sources_sha256"] = [hashlib.sha256(s.encode()).hexdigest() for s in build.link_sources]
     return material
 
 
@@ -164,18 +170,21 @@ def _keep_failed(key: str, build: CppBuild, command: Sequence[str], stderr: str)
 
 def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain) -> dict[str, Any]:
     (staging / SOURCE_NAME).write_text(build.source)
-    command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)
     started = time.perf_counter()
+    linked = _link_objects(build)
+    command = [*compile_command(build, toolchain, SOURCE_NAME, build.output_name), *linked]
     proc = None
     bindings = _bindings_object(build, toolchain)
     if bindings is not None:
         proc = split_module.compile_module(staging, user_source=build.user_source, functions=build.functions,
-                                           output=build.output_name, command=command, bindings=bindings)
+                                           output=build.output_name, command=command[:len(command) - len(linked)],
+                                           bindings=bindings, objects=linked)
     header = None
     if proc is None and build.python_module and not build.object_file:
-        header = pch.header_for(command, toolchain)
+        header = pch.header_for(command[:len(command) - len(linked)], toolchain)
     if header is not None:  # the same source and object code, Python.h read precompiled (pch.py)
-        proc = run_compiler([*command[:-3], "-Winvalid-pch", "-include", str(header), *command[-3:]], cwd=staging,
+        at = len(command) - len(linked) - 3  # before ``-o OUTPUT SOURCE [OBJECTS]``
+        proc = run_compiler([*command[:at], "-Winvalid-pch", "-include", str(header), *command[at:]], cwd=staging,
                             what="C++ compile", keep=lambda output: _keep_failed(key, build, command, output))
         if proc.returncode == 0 and "Winvalid-pch" in proc.stderr:  # ignored (damaged): read as text, slowly
             pch.discard(header)
@@ -224,13 +233,28 @@ def build(build: CppBuild) -> CppArtifact:
     return CppArtifact(key=key, entry=entry, compiled=compiled, key_inputs=material)
 
 
+def _link_objects(module: CppBuild) -> list[str]:
+    """The objects of `module`'s link sources (each built once for its options and stored), to link into it."""
+    objects = []
+    for number, source in enumerate(module.link_sources, 1):
+        request = replace(module, source=source, user_source="", functions=(), link_sources=(), object_file=True,
+                          python_module=False, origin="", entries=())
+        try:
+            objects.append(str(build(request).library_path))
+        except CompileError as exc:
+            raise CompileError(f"link source {number} of {len(module.link_sources)} of the module did not compile: "
+                               f"{exc}", command=exc.command, stderr=exc.stderr, source_path=exc.source_path,
+                               returncode=exc.returncode) from exc
+    return objects
+
+
 def _bindings_object(module: CppBuild, toolchain: Toolchain) -> Path | None:
     """The object file of `module`'s generated bindings (built once for its prototypes and options), where the
     module is built in two units (split_module.py); None: build it whole."""
     if module.object_file or not split_module.applies(module.functions, toolchain):
         return None
     request = replace(module, source=bindings_unit(module.functions), user_source="", object_file=True, origin="",
-                      entries=())
+                      entries=(), link_sources=())
     try:
         return build(request).library_path
     except CompileError as exc:  # the wrappers alone always compile, or the one-unit build will say why not
@@ -287,10 +311,11 @@ _INIT = re.compile(r"\bPyInit_([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
                    openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
-                   origin: str = "") -> CppBuild:
+                   origin: str = "", link_sources: Sequence[str] = ()) -> CppBuild:
     """The build of an extension module (see load_module), as data: what a build pool worker needs.
 
     `origin` names who asks (see `CppBuild.origin`); it goes into the artifact's meta, not its key.
+    `link_sources`: see `CppBuild.link_sources` (their contents are part of the key).
     """
     full_source = module_source(source, functions) if functions else source
     names = _INIT.findall(full_source)
@@ -301,7 +326,7 @@ def module_request(source: str, *, functions: Sequence[str] = (), flags: Sequenc
     request = _request(full_source, flags, openmp, include_dirs, python_module=True)
     entries = tuple(parse_prototype(f).name for f in functions)
     return replace(request, origin=origin, entries=entries, functions=tuple(functions),
-                   user_source=source if functions else "")
+                   user_source=source if functions else "", link_sources=tuple(link_sources))
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:
@@ -381,26 +406,28 @@ def load_module_by_key(key: str, *, origin: str, entry: str) -> ModuleType | Non
 
 def load_module(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
                 openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
-                origin: str = "") -> ModuleType:
+                origin: str = "", link_sources: Sequence[str] = ()) -> ModuleType:
     """Build and import a CPython extension module: calls go straight in, without ctypes' overhead.
 
     Either `source` is a complete extension module (it defines ``PyInit_<name>``), or `functions`
     lists C prototypes of ``extern "C"`` functions in `source` (``"void add(float* out, const float* x,
     int64_t n)"``) and tuneforge generates the module around them: pointer arguments take numpy
     arrays (or anything with the buffer protocol) or integer addresses; integers and floats map to
-    Python numbers. `origin` is kept in the artifact's meta (see `CppBuild.origin`). The module's
-    ``tuneforge_key`` attribute names its artifact, for users; tuneforge uses `load_module_keyed`.
+    Python numbers. `origin` is kept in the artifact's meta (see `CppBuild.origin`). `link_sources`: C++ sources
+    that many modules share (helpers the module's source declares), each compiled once with the same options into
+    a stored object and linked in. The module's ``tuneforge_key`` attribute names its artifact, for users;
+    tuneforge uses `load_module_keyed`.
     """
     return load_module_keyed(source, functions=functions, flags=flags, openmp=openmp, include_dirs=include_dirs,
-                             origin=origin)[0]
+                             origin=origin, link_sources=link_sources)[0]
 
 
 def load_module_keyed(source: str, *, functions: Sequence[str] = (), flags: Sequence[str] = (),
                       openmp: bool | None = None, include_dirs: Sequence[str | os.PathLike[str]] = (),
-                      origin: str = "") -> tuple[ModuleType, str]:
+                      origin: str = "", link_sources: Sequence[str] = ()) -> tuple[ModuleType, str]:
     """`load_module`, and the key of the artifact it came from (which a tuning record keeps)."""
     return load_request(module_request(source, functions=functions, flags=flags, openmp=openmp,
-                                       include_dirs=include_dirs, origin=origin))
+                                       include_dirs=include_dirs, origin=origin, link_sources=link_sources))
 
 
 def load_request(request: CppBuild) -> tuple[ModuleType, str]:

@@ -49,14 +49,15 @@ def _linker(command: Sequence[str]) -> list[str]:
 
 
 def compile_module(staging: Path, *, user_source: str, functions: Sequence[str], output: str,
-                   command: Sequence[str], bindings: Path) -> subprocess.CompletedProcess[str] | None:
+                   command: Sequence[str], bindings: Path,
+                   objects: Sequence[str] = ()) -> subprocess.CompletedProcess[str] | None:
     """Compile the module of `user_source` and `functions` into ``staging/<output>`` with the `bindings` object
-    linked in; `command` is the one-unit compile command (ending with ``-o OUTPUT SOURCE``). None where the
-    two-unit build did not work and the caller should compile the module whole."""
+    (and `objects`) linked in; `command` is the one-unit compile command (ending with ``-o OUTPUT SOURCE``). None
+    where the two-unit build did not work and the caller should compile the module whole."""
     unit = staging / UNIT_NAME
     unit.write_text(kernel_unit(user_source, functions))
     try:
-        proc = run_compiler([*command[:-3], *_linker(command), *command[-3:-1], UNIT_NAME, str(bindings)],
+        proc = run_compiler([*command[:-3], *_linker(command), *command[-3:-1], UNIT_NAME, str(bindings), *objects],
                             cwd=staging, what="C++ compile", keep=lambda output: None)
     finally:
         unit.unlink(missing_ok=True)

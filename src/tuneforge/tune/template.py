@@ -82,9 +82,12 @@ class KernelTemplate:
                  launcher: Launcher | None = None, hooks: Mapping[str, Hook] | None = None,
                  runtime_params: Iterable[str] = (), flags: Sequence[str] = (), openmp: bool = False,
                  include_dirs: Sequence[str] = (), describe: Callable[[dict[str, Any]], str] | None = None,
-                 sample_rows: Callable[[dict[str, Any], int, int], int] | None = None) -> None:
+                 sample_rows: Callable[[dict[str, Any], int, int], int] | None = None,
+                 link_sources: Sequence[str] = ()) -> None:
         if language not in ("cpp", "python"):
             raise TemplateError(f"template {name!r}: language must be 'cpp' or 'python', not {language!r}")
+        if link_sources and language != "cpp":
+            raise TemplateError(f"template {name!r}: link_sources are C++ sources, for a C++ template only")
         with _registry_lock:
             known = _registry.get(name)
             if known is not None and known != (source, signature):
@@ -101,6 +104,8 @@ class KernelTemplate:
         self.flags = tuple(flags)
         self.openmp = openmp
         self.include_dirs = tuple(include_dirs)
+        # C++ compiled once (not rendered) and linked into every configuration's module (CppBuild.link_sources)
+        self.link_sources = tuple(link_sources)
         self.describe = describe  # the info column of reports; default: every parameter
         # (config, rows, total) -> the rows a configuration runs on when a selection samples the problem
         # (Choice.sample_rows); default: all of them
@@ -109,7 +114,8 @@ class KernelTemplate:
         # naming a choice never needs Jinja2 or a render (a warm start renders nothing).
         self.identity = hashlib.sha256(json.dumps([
             name, source, signature, language, list(self.flags), openmp, list(self.include_dirs),
-            sorted(self.runtime_params), sorted(self.hooks)]).encode()).hexdigest()
+            sorted(self.runtime_params), sorted(self.hooks),
+            *([list(self.link_sources)] if self.link_sources else [])]).encode()).hexdigest()
         self._compiled: Any = None
         # (what, render identity) -> rendered text or build request: a template's configurations that differ only
         # in runtime parameters share one source (a GEMM search's 97 configurations rendered, parsed and keyed
@@ -343,7 +349,8 @@ class TemplateChoice(ConfiguredChoice):
 
         return self.template.memo("build", self.render_identity, lambda: module_request(
             self.source, functions=[self.signature], flags=self.template.flags, openmp=self.template.openmp,
-            include_dirs=self.template.include_dirs, origin=self.render_identity))
+            include_dirs=self.template.include_dirs, origin=self.render_identity,
+            link_sources=self.template.link_sources))
 
     def build(self, builder: Builder | None = None) -> Future[Any]:
         """Compile in the build pool when one is given (the parent loads the artifact only when it runs

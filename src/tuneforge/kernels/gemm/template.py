@@ -122,30 +122,32 @@ def sample_rows(config: Mapping[str, Any], rows: int, total: int) -> int:
 
 
 _HERE = Path(__file__).parent
-# The kernels' own thread pool (pool.h: why not OpenMP), pasted in so that each kernel is one source file.
-_POOL = (_HERE / "pool.h").read_text()
+# The kernels' own thread pool (pool.cpp: why not OpenMP): its declarations pasted into each kernel's source, the pool
+# compiled once (after them) and linked into each kernel's module.
+_POOL_API = (_HERE / "pool_api.h").read_text()
+POOL = (_POOL_API + (_HERE / "pool.cpp").read_text(),)
 
 
 def _source(template: str) -> str:
-    return (_HERE / template).read_text().replace("// @POOL@\n", _POOL, 1)
+    return (_HERE / template).read_text().replace("// @POOL@\n", _POOL_API, 1)
 
 
 FLAGS = ("-ffp-contract=fast", "-pthread")
 TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                          runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
+                          runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False, link_sources=POOL,
                           describe=describe, sample_rows=sample_rows)
 
 # The same kernels, called with B packed whole ahead of time (tuneforge.pack_b): the same builds serve both.
 PACKED = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                         signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch_packed,
-                        runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
+                        runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False, link_sources=POOL,
                         describe=describe, sample_rows=sample_rows)
 
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
 SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                         runtime_params=SMALL_M_RUNTIME_PARAMS, flags=FLAGS, openmp=False,
+                         runtime_params=SMALL_M_RUNTIME_PARAMS, flags=FLAGS, openmp=False, link_sources=POOL,
                          describe=describe, sample_rows=sample_rows)
 # The same for one row (a GEMV), compiled at -O2 (after the -O of cpp.opt_level: it wins). There the kernel is bound
 # by memory: each of the 12 default configurations of 1x4096x4096 ran as fast at -O2 as at -O3 (steady,
@@ -154,13 +156,13 @@ SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
 # more rows it computes, and -O3 ran up to 20% faster (8x4096x4096 fp32): those keep SMALL_M.
 GEMV = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
                       signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                      runtime_params=SMALL_M_RUNTIME_PARAMS, flags=(*FLAGS, "-O2"), openmp=False,
+                      runtime_params=SMALL_M_RUNTIME_PARAMS, flags=(*FLAGS, "-O2"), openmp=False, link_sources=POOL,
                       describe=describe, sample_rows=sample_rows)
 
 # Few columns (N <= 8): dot products along K, B copied transposed. Same signature and launcher.
 FEW_COLS = KernelTemplate("tuneforge_gemm_few_cols", _source("few_cols.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
-                          runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False,
+                          runtime_params=RUNTIME_PARAMS, flags=FLAGS, openmp=False, link_sources=POOL,
                           describe=describe, sample_rows=sample_rows)
 
 

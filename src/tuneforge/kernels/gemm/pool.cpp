@@ -1,4 +1,7 @@
-// tuneforge's thread pool for the GEMM kernels (pasted into each kernel's source by template.py).
+// tuneforge's thread pool for the GEMM kernels: compiled once, after pool_api.h's declarations (template.py joins
+// the two), into an object linked into every kernel's module (each module has a pool of its own). Compiled into
+// each kernel with its three call sites inlined, it was a third of every kernel's build (0.47-0.77 s of compiler
+// a kernel unit without it, 0.73-1.13 s with it).
 //
 // Why not OpenMP: numpy's OpenBLAS keeps its worker threads spinning (sched_yield) for about 0.1 s after each
 // call, and libgomp's workers spin for milliseconds after each parallel region and in every barrier. On a machine
@@ -22,7 +25,6 @@
 // threads that spin are the ones that take the chunks.
 #include <atomic>
 #include <new>
-#include <stdint.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -36,9 +38,8 @@
 #include <unistd.h>
 #endif
 
+#pragma GCC visibility push(hidden)  // each module's own: never bound to another module's pool
 namespace tfpool {
-
-typedef void (*Body)(void* ctx, int64_t chunk);
 
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -214,14 +215,10 @@ inline GompParallel host_parallel() {
     return fn;
 }
 
-inline thread_local bool host_team = false;  // this thread's current call runs on the OpenMP team (HostTeam)
+thread_local bool host_team = false;  // this thread's current call runs on the OpenMP team (HostTeam)
 
-// Set for the length of one kernel call: its parallel parts run on the process's OpenMP team, when one is loaded.
-struct HostTeam {
-    bool saved;
-    explicit HostTeam(bool on) : saved(host_team) { host_team = on; }
-    ~HostTeam() { host_team = saved; }
-};
+HostTeam::HostTeam(bool on) : saved(host_team) { host_team = on; }
+HostTeam::~HostTeam() { host_team = saved; }
 
 struct HostJob {
     Body body;
@@ -235,19 +232,13 @@ inline void host_work(void* data) {
     for (int64_t c; (c = job.next.fetch_add(1, std::memory_order_relaxed)) < job.chunks;) job.body(job.ctx, c);
 }
 
-// How long a worker of the pool has been asleep (0 while all spin or none was started): after milliseconds, waking
-// one took 20-60 us on a 2-vCPU VM (its virtual CPU idle), after 0.1 ms 5 us.
-const int64_t LONG_ASLEEP_NS = 500000;  // from here waking took over 10 us
-
-inline int64_t asleep_ns() {
+int64_t asleep_ns() {
     Pool& p = pool();
     if (p.sleepers.load(std::memory_order_relaxed) == 0) return 0;
     return now_ns() - p.asleep_since.load(std::memory_order_relaxed);
 }
 
-// Runs body(ctx, c) for every c in [0, chunks) on up to `threads` threads, this one included; returns when all
-// have finished. Chunks may run in any order and on any of the threads.
-inline void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
+void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
     if (host_team && threads > 1 && chunks > 1) {
         if (GompParallel parallel = host_parallel()) {
             HostJob job{body, ctx, chunks};
@@ -293,3 +284,4 @@ inline void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
 }
 
 }  // namespace tfpool
+#pragma GCC visibility pop
