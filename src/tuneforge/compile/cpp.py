@@ -173,19 +173,20 @@ def _compile_into(staging: Path, key: str, build: CppBuild, toolchain: Toolchain
     (staging / SOURCE_NAME).write_text(build.source)
     started = time.perf_counter()
     linked, bindings = _prerequisites(build, toolchain)
-    command = [*compile_command(build, toolchain, SOURCE_NAME, build.output_name), *linked]
+    unit_command = compile_command(build, toolchain, SOURCE_NAME, build.output_name)  # ends ``-o OUTPUT SOURCE``
+    command = [*unit_command, *linked]
     proc = None
     if bindings is not None:
         proc = split_module.compile_module(staging, user_source=build.user_source, functions=build.functions,
-                                           output=build.output_name, command=command[:len(command) - len(linked)],
-                                           bindings=bindings, objects=linked)
+                                           output=build.output_name, command=unit_command, bindings=bindings,
+                                           objects=linked)
     header = None
     if proc is None and build.python_module and not build.object_file:
-        header = pch.header_for(command[:len(command) - len(linked)], toolchain)
+        header = pch.header_for(unit_command, toolchain)
     if header is not None:  # the same source and object code, Python.h read precompiled (pch.py)
-        at = len(command) - len(linked) - 3  # before ``-o OUTPUT SOURCE [OBJECTS]``
-        proc = run_compiler([*command[:at], "-Winvalid-pch", "-include", str(header), *command[at:]], cwd=staging,
-                            what="C++ compile", keep=lambda output: _keep_failed(key, build, command, output))
+        proc = run_compiler([*unit_command[:-3], "-Winvalid-pch", "-include", str(header), *unit_command[-3:],
+                             *linked], cwd=staging, what="C++ compile",
+                            keep=lambda output: _keep_failed(key, build, command, output))
         if proc.returncode == 0 and "Winvalid-pch" in proc.stderr:  # ignored (damaged): read as text, slowly
             pch.discard(header)
         elif proc.returncode != 0:  # the source's fault, or the header's: without it, the compiler says which
