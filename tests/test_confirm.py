@@ -432,3 +432,36 @@ def test_a_short_choice_is_timed_after_the_cores_ramp(tuning: Path) -> None:
     records = {r.choice_name: r for r in default_records().get(selection.key)}
     assert selection.choice.name == "ramping"
     assert records["ramping"].median_ms is not None and records["ramping"].median_ms < 0.5, records["ramping"]
+
+
+def test_the_pick_of_paired_rounds_follows_the_rounds_not_the_pooled_runs(tuning: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`best` is 5% faster than `close` in every round of the side-by-side re-timing, while the host's level moves
+    2x between rounds; the median over all of each one's runs says `close` (crafted here: a pooled median can side
+    with either when the rounds' levels differ). The rounds decide: `best` wins, by about 5%."""
+    from tuneforge.tune import paired
+    from tuneforge.tune.bench import Timing
+
+    side_by_side = paired.time_side_by_side
+    levels = [1.0, 2.0, 1.0, 2.0, 1.0]
+
+    def crafted(*args: Any) -> Any:
+        side_by_side(*args)
+        rounds = [[level for level in levels], [1.05 * level for level in levels]]
+        return [Timing.from_samples([1.6] * 5, "cpu-perf_counter+paired"),
+                Timing.from_samples([1.2] * 5, "cpu-perf_counter+paired")], rounds
+
+    monkeypatch.setattr(paired, "time_side_by_side", crafted)
+
+    def kernel(seconds: float) -> Any:
+        def run(a: Any, b: Any, out: Any) -> None:
+            spin(seconds)
+            np.add(a, b, out=out)
+        return run
+
+    choices = [ExternChoice(kernel(s), name=n) for n, s in (("best", 0.0010), ("close", 0.00102))]
+    winner, records = paired_selection("levelled", choices)
+    assert winner == "best"
+    assert records["close"].median_ms / records["best"].median_ms == pytest.approx(1.05, rel=1e-6)
+    sure, = records["best"].info["confidence"]
+    assert sure["faster_in"] == len(levels) and sure["by"] == pytest.approx(0.05, abs=1e-4)
