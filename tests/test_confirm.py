@@ -37,6 +37,14 @@ def spin(seconds: float) -> None:
         pass
 
 
+def spinning_add(seconds: float) -> Any:
+    """A kernel that adds its inputs after spinning for `seconds`."""
+    def run(a: Any, b: Any, out: Any) -> None:
+        spin(seconds)
+        np.add(a, b, out=out)
+    return run
+
+
 def record(name: str, median_ms: float | None, status: str = "ok", method: str = "cpu-perf_counter") -> Record:
     return Record(key="k", choice=name, op="op", choice_name=name, status=status, median_ms=median_ms,
                   min_ms=median_ms, mean_ms=median_ms, method=method)
@@ -224,14 +232,9 @@ def test_paired_timings_at_another_level_keep_their_place(tuning: Path, monkeypa
 
     monkeypatch.setattr(paired, "time_side_by_side", slowed)
 
-    def kernel(seconds: float) -> Any:
-        def run(a: Any, b: Any, out: Any) -> None:
-            spin(seconds)
-            np.add(a, b, out=out)
-        return run
-
     # `best` and `close` tie (5% apart); `third` is 25% slower than `best`, outside the margin
-    choices = [ExternChoice(kernel(s), name=n) for n, s in (("best", 0.0010), ("close", 0.00105), ("third", 0.00125))]
+    choices = [ExternChoice(spinning_add(s), name=n)
+               for n, s in (("best", 0.0010), ("close", 0.00105), ("third", 0.00125))]
     selection = select_detailed("anchored", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
     records = {r.choice_name: r for r in default_records().get(selection.key)}
     assert "+paired" in records["best"].method and "+paired" not in records["third"].method
@@ -447,19 +450,13 @@ def test_the_pick_of_paired_rounds_follows_the_rounds_not_the_pooled_runs(tuning
 
     def crafted(*args: Any) -> Any:
         side_by_side(*args)
-        rounds = [[level for level in levels], [1.05 * level for level in levels]]
+        rounds = [list(levels), [1.05 * level for level in levels]]
         return [Timing.from_samples([1.6] * 5, "cpu-perf_counter+paired"),
                 Timing.from_samples([1.2] * 5, "cpu-perf_counter+paired")], rounds
 
     monkeypatch.setattr(paired, "time_side_by_side", crafted)
 
-    def kernel(seconds: float) -> Any:
-        def run(a: Any, b: Any, out: Any) -> None:
-            spin(seconds)
-            np.add(a, b, out=out)
-        return run
-
-    choices = [ExternChoice(kernel(s), name=n) for n, s in (("best", 0.0010), ("close", 0.00102))]
+    choices = [ExternChoice(spinning_add(s), name=n) for n, s in (("best", 0.0010), ("close", 0.00102))]
     winner, records = paired_selection("levelled", choices)
     assert winner == "best"
     assert records["close"].median_ms / records["best"].median_ms == pytest.approx(1.05, rel=1e-6)
