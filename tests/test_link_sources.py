@@ -101,3 +101,24 @@ def test_a_template_links_its_link_sources_into_every_configuration(cache_dir: P
     with pytest.raises(TemplateError, match="link_sources are C\\+\\+ sources"):
         KernelTemplate("linked_python", "def f(x): pass", signature="f", language="python",
                        link_sources=[helper(1.0)])
+
+
+def test_the_gemm_kernels_link_one_compiled_pool(cache_dir: Path) -> None:
+    """Every GEMM kernel module links the thread pool compiled once (kernels/gemm/pool.cpp), not a copy of its own:
+    pasted into each kernel it was a third of every build."""
+    from tuneforge.kernels.gemm import Problem, choices
+    from tuneforge.kernels.gemm.template import POOL
+
+    kernels = [c for c in choices(Problem(64, 64, 64, "float32"), "default") if not c.is_extern]
+    builds = {c.render_identity: c for c in kernels}
+    assert len(builds) >= 2
+    a, b = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
+    for choice in builds.values():
+        out = np.empty((64, 64), np.float32)
+        choice.run([a, b, 1.0, 0.0, None, out])
+        assert np.all(out == 64.0)
+        assert "pthread_create" not in choice.source  # the pool's declarations only, not its code
+    assert linked_objects(cache_dir, POOL[0]) == 1
+    modules = [m for m in stored(cache_dir) if m["key_inputs"]["artifact"] == "cpp-module"]  # type: ignore[index]
+    assert len(modules) == len(builds)
+    assert all(m["key_inputs"]["link_sources_sha256"] for m in modules)  # type: ignore[index]
