@@ -158,12 +158,16 @@ def measure(m: int, n: int, k: int, dtype: str, threads: int, peak: float, with_
     # The read bandwidth is measured in every round too, so that the roofline sees the same phases.
     # Nine rounds of 0.15 s rather than five of 0.25: on a host whose FMA throughput itself moved 150-180
     # GFLOP/s from one second to the next, a numpy pick (the same call on both sides) read 0.77x in five.
-    for _ in range(ROUNDS):
+    # The sides take turns going first, so that neither always runs right after the other (numpy always went
+    # first). A numpy pick, the same call on both sides, still reads 0.95-1.08x against itself on odd shapes here:
+    # what the host's noise leaves of a 9-round ratio.
+    sides: list[tuple[list[float], Any]] = [(theirs, library), (ours, tuned)]
+    if torch_call is not None:
+        sides.insert(1, (torchs, torch_call))
+    for number in range(ROUNDS):
         bandwidths.append(measure_read_bandwidth(traffic, threads, budget_s=0.1))
-        theirs.append(steady_gflops(library, flops, ROUND_S))
-        if torch_call is not None:
-            torchs.append(steady_gflops(torch_call, flops, ROUND_S))
-        ours.append(steady_gflops(tuned, flops, ROUND_S))
+        for figures, call in sides if number % 2 == 0 else reversed(sides):
+            figures.append(steady_gflops(call, flops, ROUND_S))
     best_refs = [max(pair) for pair in zip(theirs, torchs, strict=True)] if torchs else theirs
     bandwidth = statistics.median(bandwidths)
     key = selection_key(op_name(0.0, None), [TensorSpec.of(a), TensorSpec.of(b), 1.0, 0.0, None,
