@@ -223,6 +223,8 @@ def test_the_scratch_buffers_are_kept_per_thread_and_grow(monkeypatch: pytest.Mo
     grown = verify._scratch_buffers(5000, np.float64)
     assert grown[0].size >= 5000 and grown[0] is not first[0]
     assert verify._scratch_buffers(100, np.float32)[0].dtype == np.float32
+    oversize = verify._scratch_buffers(verify._BLOCK_ELEMENTS + 1, np.float64)  # one very long row: not kept
+    assert oversize[0].size > verify._BLOCK_ELEMENTS and verify._scratch_buffers(60, np.float64)[0] is grown[0]
     elsewhere: list[Any] = []
     thread = threading.Thread(target=lambda: elsewhere.append(verify._scratch_buffers(60, np.float64)))
     thread.start()

@@ -74,7 +74,10 @@ _scratch = threading.local()  # .buffers: {dtype: (magnitude, error)}, each of a
 
 
 def _scratch_buffers(size: int, dtype: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Two scratch arrays of `dtype` with at least `size` elements, this thread's own (made on first use)."""
+    """Two scratch arrays of `dtype` with at least `size` elements, this thread's own (made on first use). A block
+    of one very long row is larger than _BLOCK_ELEMENTS: its buffers are made for this comparison only, not kept."""
+    if size > _BLOCK_ELEMENTS:
+        return np.empty(size, dtype), np.empty(size, dtype)
     kept: dict[Any, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = _scratch.__dict__.setdefault("buffers", {})
     pair = kept.get(dtype)
     if pair is None or pair[0].size < size:
