@@ -45,6 +45,9 @@ class TrialJob:
     inputs_text: str = ""
     live_args: list[Any] | None = None
     sample: RowSample | None = None  # rank the choices on a sample of the problem (sample.py)
+    # The most rows a choice's sample runs on (measure.py): where the reference runs on spans of rows only
+    # (RowSample.independent_rows), its first span is that long before any choice runs
+    sample_head: int = field(default=0, compare=False)
     # Keep the example inputs and the reference's outputs where the trials ran, for the next job of this key (a
     # search measures in batches: each would otherwise make its inputs and run its reference again)
     keep_inputs: bool = field(default=False, compare=False)

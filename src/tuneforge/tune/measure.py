@@ -10,6 +10,7 @@ choice that does nothing would be the fastest. Each record is handed to
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -110,9 +111,23 @@ def _setup_ahead(job: TrialJob, choices: Sequence[Choice], reference: Choice | N
     return SetupAhead(job, reference)
 
 
+def _with_sample_head(job: TrialJob, choices: Sequence[Choice]) -> TrialJob:
+    """`job` with the rows of the longest sample a choice runs on (TrialJob.sample_head), where it samples rows
+    independent of each other."""
+    sample = job.sample
+    if sample is None or not sample.independent_rows:
+        return job
+    specs = job.live_args if job.live_args is not None else [*job.arg_specs, job.out_spec]
+    first = specs[sample.args[0]]
+    total = len(first) if job.live_args is not None else first.sizes[0]
+    rows = [r for c in choices if (r := c.sample_rows(sample.rows, total)) < total]
+    return dataclasses.replace(job, sample_head=max(rows, default=sample.rows))
+
+
 def measure(job: TrialJob, choices: Sequence[Choice], reference: Choice | None,
             on_record: Callable[[Record], None] | None = None) -> Outcome:
     outcome = Outcome()
+    job = _with_sample_head(job, choices)
     reference_failed: list[tuple[str, str]] = []
     recorded: dict[str, Record] = {}
 

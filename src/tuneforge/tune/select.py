@@ -198,6 +198,9 @@ def _check_sample(name: str, sample: RowSample, specs: Sequence[Any]) -> None:
     if len(rows) > 1:
         raise ValueError(f"select({name!r}): the arguments sample=RowSample(args={list(sample.args)}) cuts differ in "
                          f"rows ({rows}); it cuts each to its first rows, so they must agree")
+    if sample.independent_rows and len(specs) - 1 not in sample.args:
+        raise ValueError(f"select({name!r}): sample=RowSample(args={list(sample.args)}, independent_rows=True) must "
+                         f"cut the output ({len(specs) - 1}) too: its rows are compared span by span")
 
 
 def decide(name: str, key: str, candidates: Sequence[Choice], reference: Choice | None,

@@ -43,6 +43,7 @@ from tuneforge.tune.events import (
     ReferenceRan,
     TrialsDone,
 )
+from tuneforge.tune.expected import Expected
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
 from tuneforge.tune.paired import time_paired
 from tuneforge.tune.quiet import settle
@@ -81,7 +82,7 @@ class Trials:
                 verify.poison(args[i])
         self.initial = verify.snapshot(args)  # every run starts from here
         self.inputs = [i for i in range(len(args)) if i not in job.outputs]
-        self.expected: list[Any] | None = None
+        self.expected = Expected(job.outputs)
         self.reference: Choice | None = None
         self.reference_error: str | None = None
         self.verify_s = self.bench_s = 0.0
@@ -103,37 +104,66 @@ class Trials:
         self.reference = reference
         if reference is None or not self.checks_with(reference):
             return
-        args = self.args
+        args, sample = self.args, self.job.sample
         try:
-            started = time.perf_counter_ns()
-            reference.run(args)
-            self.sync()
-            self.reference_ns = time.perf_counter_ns() - started
-            self.reference_mutated = verify.changed(args, self.initial, self.inputs)
-            self.expected = verify.snapshot(args, self.job.outputs)  # only outputs are compared
+            if sample is not None and sample.independent_rows:  # on spans of rows only (sample.py)
+                for start, stop in sample.check_spans(sample.total(args), max(self.job.sample_head, sample.rows)):
+                    self.expected.spans[(start, stop)] = self._reference_on(start, stop)
+            else:
+                started = time.perf_counter_ns()
+                reference.run(args)
+                self.sync()
+                self.reference_ns = time.perf_counter_ns() - started
+                self.reference_mutated = verify.changed(args, self.initial, self.inputs)
+                self.expected.whole = verify.snapshot(args, self.job.outputs)  # only outputs are compared
         except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
             self.reference_error = error_text(exc)
             if is_sticky_cuda_error(self.reference_error):
                 self.lost = self.reference_error
                 return
         verify.restore(args, self.initial)
-        if reference.is_extern:
+        self._settle_reference()
+
+    def _settle_reference(self) -> None:
+        if self.reference is not None and self.reference.is_extern:
             # A library call may leave its own thread pool spinning for a while (OpenBLAS does for
             # ~0.1 s); a multi-threaded kernel timed meanwhile would share the cores with it.
             settle(config.get_float("autotune.settle_s"))
 
-    def problem(self, choice: Choice, whole: bool = False) -> tuple[list[Any], list[Any], list[Any] | None, float]:
-        """What `choice` runs on: (arguments, their initial state, the expected outputs, and the factor from its
-        times to the whole problem's): the job's sample as the choice rounds it (sample.py), or the whole."""
+    def _reference_on(self, start: int, stop: int) -> list[Any]:
+        """The reference's outputs on rows `start`..`stop` of the arguments the job's sample cuts, run into copies
+        of the outputs' initial state (the arguments' outputs may hold a choice's, still to be compared); any input
+        it wrote into is set back."""
+        assert self.reference is not None and self.job.sample is not None
+        args, initial = self.job.sample.span(self.args, start, stop), self.job.sample.span(self.initial, start, stop)
+        outputs = verify.snapshot(initial, self.job.outputs)
+        self.reference.run([outputs[i] if i in self.job.outputs else a for i, a in enumerate(args)])
+        self.sync()
+        verify.restore(args, initial, verify.changed(args, initial, self.inputs))
+        return outputs
+
+    def problem(self, choice: Choice, whole: bool = False) -> tuple[list[Any], list[Any], int | None, float]:
+        """What `choice` runs on: (arguments, their initial state, the rows they were cut to (None: the whole
+        problem), and the factor from its times to the whole problem's): the job's sample as the choice rounds it
+        (sample.py), or the whole."""
         sample = self.job.sample
         if sample is None or whole:
-            return self.args, self.initial, self.expected, 1.0
+            return self.args, self.initial, None, 1.0
         total = sample.total(self.args)
         rows = min(total, max(1, choice.sample_rows(sample.rows, total)))
         if rows >= total:
-            return self.args, self.initial, self.expected, 1.0
-        expected = None if self.expected is None else sample.cut(self.expected, rows)
-        return sample.cut(self.args, rows), sample.cut(self.initial, rows), expected, total / rows
+            return self.args, self.initial, None, 1.0
+        return sample.cut(self.args, rows), sample.cut(self.initial, rows), rows, total / rows
+
+    def check(self, args: list[Any], rows: int | None) -> str | None:
+        """How a choice's outputs in `args` (on the first `rows` rows, None: the whole problem) differ from the
+        reference's; None where they match."""
+        def reference_on(start: int, stop: int) -> list[Any]:  # run late: its library's threads must settle
+            outputs = self._reference_on(start, stop)
+            self._settle_reference()
+            return outputs
+
+        return self.expected.check(args, rows, self.job, reference_on)
 
     def run(self, choice: Choice, budget_s: float | None = None, whole: bool = False) -> Record:
         """Check `choice` against the reference, then time it (for `budget_s`; None: autotune.bench_time_s), on
@@ -155,7 +185,7 @@ class Trials:
         return record
 
     def _run(self, choice: Choice, started: float, budget_s: float | None, whole: bool) -> Record:
-        args, initial, expected_outputs, factor = self.problem(choice, whole)
+        args, initial, rows, factor = self.problem(choice, whole)
         reference_ns = self.reference_ns if choice is self.reference and factor == 1.0 else None
         # A check just run warmed the choice up; the reference's ran before every other choice, and its library's
         # threads have gone to sleep since: an untimed run first, or waking them takes the first two timed runs
@@ -180,10 +210,8 @@ class Trials:
         if mutated:
             info["mutates_inputs"] = mutated
             log.warning("%s writes into its inputs %s; they are restored before every run", choice.name, mutated)
-        if expected_outputs is not None and choice is not self.reference:
-            expected = expected_outputs
-            problem = next((p for i in self.job.outputs if (p := verify.compare(
-                args[i], expected[i], rtol=self.job.rtol, atol=self.job.atol)) is not None), None)
+        if self.expected.known() and choice is not self.reference:
+            problem = self.check(args, rows)
             if problem is not None:
                 self.verify_s += time.perf_counter() - started
                 return make_record(self.job, choice, "wrong_result", error=problem, info=info)

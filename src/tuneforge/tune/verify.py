@@ -275,6 +275,22 @@ def poison(value: Any) -> None:
         value.fill_(float("nan") if value.is_floating_point() else -(2**31) + 1)
 
 
+def poison_left(value: Any) -> bool:
+    """Whether an output poisoned before a run may still hold some of the poison: for floats, whether any element
+    is not finite (one sum, through which NaN and inf come; an overflowing sum errs on the safe side); True for
+    other types, where it cannot be told so cheaply."""
+    if isinstance(value, np.ndarray):
+        if not np.issubdtype(value.dtype, np.inexact):
+            return True
+        with np.errstate(all="ignore"):
+            return not bool(np.isfinite(np.add.reduce(value, axis=None)))
+    if hasattr(value, "is_floating_point") and (value.is_floating_point() or value.is_complex()):
+        import torch
+
+        return not bool(torch.isfinite(value.sum()).all())
+    return True
+
+
 def reset(value: Any) -> None:
     """Zero an output buffer before a timed run."""
     if isinstance(value, np.ndarray):

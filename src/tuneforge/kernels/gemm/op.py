@@ -423,7 +423,7 @@ def sample_for(problem: Problem) -> RowSample | None:
     """How a selection for `problem` samples it: the rows of A (argument 0) and of the output (5), or None."""
     if problem.flops < SAMPLE_FLOPS or problem.m < 2 * SAMPLE_ROWS:
         return None
-    return RowSample(args=(0, 5), rows=max(SAMPLE_ROWS, problem.m // 8))
+    return RowSample(args=(0, 5), rows=max(SAMPLE_ROWS, problem.m // 8), independent_rows=True)
 
 
 def _library_ratio(name: str, args: list[Any], candidates: list[Choice], winner: Choice) -> float:
