@@ -225,7 +225,10 @@ class Trials:
         ratio = config.get_float("autotune.abandon_ratio")
         # the best so far is at the screening's first level; runs now take `level` times as long (screening.py)
         level = self.screen_level.level if self.screen_level is not None and budget_s is not None else 1.0
-        abandon = ratio * self.best_ms * level if ratio > 0 and self.best_ms is not None else None
+        # Never a library call: after its threads slept, its first runs read up to 3x slow (numpy's 2-thread GEMM
+        # here), and abandoned it was never re-timed beside the pick (confirm.near_tie), a kernel 19% slower
+        abandon = ratio * self.best_ms * level if ratio > 0 and self.best_ms is not None and not choice.is_extern \
+            else None
         try:
             if self.job.device == "cpu":
                 # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
