@@ -340,7 +340,8 @@ def test_the_exhaustive_space_leaves_one_thread_out_where_work_is_ample() -> Non
 
 def test_a_gemv_compiles_its_few_rows_kernel_at_o2(gemm_tuning: Path) -> None:
     """One row is bound by memory (the kernel ran as fast at -O2) and -O3 doubled its compile: a GEMV's few-rows
-    kernels carry -O2 after cpp.opt_level's -O3, so it wins; with more rows they compute and keep -O3."""
+    kernels carry -O2 after cpp.opt_level's -O3, so it wins; with more rows they compute and keep -O3. The blocked
+    and few-columns kernels (intrinsics, unrolled by hand: the same inner loops at both levels) carry -O2 too."""
     from tuneforge.compile.cpp import compile_command
     from tuneforge.compile.toolchain import default_toolchain
     from tuneforge.kernels.gemm.template import GEMV
@@ -355,6 +356,13 @@ def test_a_gemv_compiles_its_few_rows_kernel_at_o2(gemm_tuning: Path) -> None:
     command = compile_command(gemv[0].cpp_build(), default_toolchain(), "kernel.cpp", "kernel.so")
     assert command.index("-O2") > command.index(f"-O{config.get_str('cpp.opt_level')}")
     assert "-O2" not in compile_command(eight[0].cpp_build(), default_toolchain(), "kernel.cpp", "kernel.so")
+    for shape in ((512, 512, 512), (3000, 5, 700)):  # the blocked kernels; the few-columns ones
+        others = [c for c in gemm_choices(Problem(*shape, "float32")) if isinstance(c, TemplateChoice)
+                  and c.template not in (SMALL_M, GEMV)]
+        assert others
+        for choice in others:
+            command = compile_command(choice.cpp_build(), default_toolchain(), "kernel.cpp", "kernel.so")
+            assert command.index("-O2") > command.index(f"-O{config.get_str('cpp.opt_level')}"), choice.name
     out = np.empty((1, 512), np.float32)
     a, b = np.ones((1, 256), np.float32), np.full((256, 512), 0.5, np.float32)
     gemv[0].run([a, b, 1.0, 0.0, None, out])  # builds and runs as before

@@ -63,7 +63,8 @@ def compile_to_assembly(source: str, tmp_path: Path) -> str:
     path = tmp_path / "kernel.cpp"
     path.write_text(source)
     assert GCC is not None
-    subprocess.run([*GCC, "-O3", "-march=haswell", "-ffp-contract=fast", "-pthread", "-S", "-o",
+    # as a build compiles it: cpp.opt_level's -O, then the template's flags (its own -O2 wins)
+    subprocess.run([*GCC, "-O3", "-march=haswell", *TEMPLATE.flags, "-S", "-o",
                     str(tmp_path / "kernel.s"), str(path)], check=True, capture_output=True, text=True)
     return (tmp_path / "kernel.s").read_text()
 
