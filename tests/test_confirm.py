@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +143,8 @@ def test_the_reference_is_warmed_up_again_before_it_is_timed(tuning: Path) -> No
         np.add(a, b, out=out)
         state["last"] = time.perf_counter()
 
-    def kernel(a: Any, b: Any, out: Any) -> None:
-        spin(0.001)
-        np.add(a, b, out=out)
-
-    choices = [ExternChoice(library, name="library"), CallableChoice(kernel, {}, name="kernel")]
-    with config.patch(autotune_bench_time_s=0.02, autotune_confirm_reference_ratio=0.0):
-        selection = select_detailed("sleepy-library", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
-    records = {r.choice_name: r for r in default_records().get(selection.key)}
-    assert selection.choice.name == "library", records
+    pick, records = _library_against_a_kernel("sleepy-library", library)
+    assert pick == "library", records
     assert records["library"].median_ms < 0.8 and "+abandoned" not in records["library"].method
 
 
@@ -168,16 +161,23 @@ def test_a_library_call_is_never_abandoned(tuning: Path) -> None:
         np.add(a, b, out=out)
         state["last"] = time.perf_counter()
 
+    pick, records = _library_against_a_kernel("waking-library", library, autotune_warmup_s=0.0)
+    assert "+abandoned" not in records["library"].method, records
+    assert pick == "library", records
+
+
+def _library_against_a_kernel(name: str, library: Callable[..., None],
+                              **settings: Any) -> tuple[str, dict[str, Record]]:
+    """Select between `library` (a library call: the reference) and a kernel of 1 ms a call, not re-timing them side
+    by side: the pick, and the records by name."""
     def kernel(a: Any, b: Any, out: Any) -> None:
         spin(0.001)
         np.add(a, b, out=out)
 
     choices = [ExternChoice(library, name="library"), CallableChoice(kernel, {}, name="kernel")]
-    with config.patch(autotune_bench_time_s=0.02, autotune_warmup_s=0.0, autotune_confirm_reference_ratio=0.0):
-        selection = select_detailed("waking-library", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
-    records = {r.choice_name: r for r in default_records().get(selection.key)}
-    assert "+abandoned" not in records["library"].method, records
-    assert selection.choice.name == "library", records
+    with config.patch(autotune_bench_time_s=0.02, autotune_confirm_reference_ratio=0.0, **settings):
+        selection = select_detailed(name, choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    return selection.choice.name, {r.choice_name: r for r in default_records().get(selection.key)}
 
 
 def test_side_by_side_timing_alternates_and_measures_each() -> None:

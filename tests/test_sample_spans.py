@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuneforge import config
 from tuneforge.store.default import default_records
 from tuneforge.tune import verify
 from tuneforge.tune.choices import ExternChoice
@@ -23,18 +22,17 @@ from tuneforge.tune.sample import CHECK_ROWS, RowSample
 from tuneforge.tune.select import clear_memo, select_detailed
 from tuneforge.tune.specs import TensorSpec
 
+from .conftest import tuning_in_process
+
 ROWS, SAMPLE = 512, 32
 seen: dict[str, list[int]] = {}
 
 
 @pytest.fixture
 def tuning(cache_dir: Path) -> Iterator[Path]:
-    clear_memo()
     seen.clear()
-    with config.patch(autotune_bench_time_s=0.003, autotune_warmup_s=0.0, autotune_min_repeats=3,
-                      autotune_settle_s=0.0):
+    with tuning_in_process(cache_dir, bench_time_s=0.003, min_repeats=3):
         yield cache_dir
-    clear_memo()
 
 
 class Sampled(ExternChoice):  # opts in to samples (a library call runs whole by default)
