@@ -198,3 +198,19 @@ def test_the_head_covers_the_longest_sample_of_the_choices() -> None:
     dependent = TrialJob(name="t", key="k", outputs=[1], arg_specs=[spec], out_spec=spec,
                          sample=RowSample(args=(0, 1), rows=SAMPLE))
     assert _with_sample_head(dependent, choices).sample_head == 0  # the reference runs on the whole
+
+
+def test_a_reference_failing_on_more_rows_leaves_the_choice_unchecked() -> None:
+    """It ran on the first spans; where it fails on more rows later, the choice is not taken as right."""
+    job = TrialJob(name="t", key="k", outputs=[1], arg_specs=[TensorSpec.of(np.ones((ROWS, 4)))],
+                   out_spec=TensorSpec.of(np.ones((ROWS, 4))),
+                   sample=RowSample(args=(0, 1), rows=SAMPLE, independent_rows=True))
+    x = np.arange(ROWS * 4, dtype=np.float64).reshape(ROWS, 4)
+
+    def failing(start: int, stop: int) -> list[Any]:
+        raise MemoryError("no room")
+
+    expected = Expected([1])
+    expected.spans[(0, SAMPLE)] = [None, 2.0 * x[:SAMPLE]]
+    problem = expected.check([x[:64], 2.0 * x[:64]], 64, job, failing)
+    assert problem == "not checked: the reference failed on rows 0..63: MemoryError: no room"
