@@ -52,6 +52,14 @@ ROUND_BATCH_S = 0.01  # each choice runs at least this long per round: 3 rounds 
 LIBRARY_SPELL = 2.0
 
 
+# A library batch starts with this many untimed runs at least: its threads slept through the settle before it, and
+# waking them took more than the first run. numpy's 2-thread GEMM after 1 s idle, six wake-ups: 96x1000x300 fp32
+# calls 0-3 took 1.3-12, 0.77-1.15, 0.63-2.4 and 0.60-0.81 ms, then ~0.5; 512^3 fp64 after 0.02-0.5 s (medians of 8)
+# the first 7.0-8.2 ms, the second 5.7-6.2, later 5.3-5.7. With batches of one or two runs (ROUND_BATCH_S), one
+# untimed run left the second run's wake-up in every library batch.
+LIBRARY_WAKE_RUNS = 3
+
+
 def _timed(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[float, Choice, Record]]:
     """The fully timed ones, fastest first."""
     timed = [(t, choice, record) for choice, record in results
@@ -129,7 +137,7 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                     paused += pause
                 after_library = settle_after[i]
                 if warm:  # untimed: wakes the thread pool and the cores up after the pause (bench.RAMP_S)
-                    warm_up(runs[i], RAMP_S, setup)
+                    warm_up(runs[i], RAMP_S, setup, at_least=LIBRARY_WAKE_RUNS if settle_after[i] else 1)
                 for _ in range(batch):
                     setup()
                     t0 = time.perf_counter_ns()
