@@ -37,6 +37,21 @@ def spin(seconds: float) -> None:
         pass
 
 
+def sleepy_library(idle_s: float, slow_s: float, fast_s: float, slow_calls: int = 2) -> Callable[[], None]:
+    """A library call whose thread pool falls asleep after `idle_s` without calls: its next `slow_calls` calls then
+    take `slow_s` (waking it), the others `fast_s`."""
+    state = {"last": 0.0, "slow_left": 0}
+
+    def call() -> None:
+        if time.perf_counter() - state["last"] > idle_s:
+            state["slow_left"] = slow_calls
+        slow = state["slow_left"] > 0
+        state["slow_left"] -= slow
+        spin(slow_s if slow else fast_s)
+        state["last"] = time.perf_counter()
+    return call
+
+
 def spinning_add(seconds: float) -> Any:
     """A kernel that adds its inputs after spinning for `seconds`."""
     def run(a: Any, b: Any, out: Any) -> None:
@@ -129,19 +144,11 @@ def test_a_reference_timed_in_a_slow_phase_still_wins(tuning: Path) -> None:
 def test_the_reference_is_warmed_up_again_before_it_is_timed(tuning: Path) -> None:
     """The reference's check runs before every other choice, so a library's threads have gone to sleep by the time
     it is timed: its first calls then are slow (here two, as OpenBLAS's were), and they must not be its timing."""
-    state = {"last": 0.0, "slow_left": 0}
+    wake = sleepy_library(idle_s=0.005, slow_s=0.02, fast_s=0.0005)  # two calls of 20 ms after 5 ms idle
 
     def library(a: Any, b: Any, out: Any) -> None:
-        now = time.perf_counter()
-        if now - state["last"] > 0.005:  # idle for 5 ms: the pool fell asleep, two calls wake it
-            state["slow_left"] = 2
-        if state["slow_left"]:
-            state["slow_left"] -= 1
-            spin(0.02)
-        else:
-            spin(0.0005)
+        wake()
         np.add(a, b, out=out)
-        state["last"] = time.perf_counter()
 
     pick, records = _library_against_a_kernel("sleepy-library", library)
     assert pick == "library", records
@@ -214,18 +221,7 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
 def test_a_library_batch_is_timed_once_its_threads_are_awake() -> None:
     """A library's threads sleep through the pause before its batch, and waking them takes its first runs (here two
     of 4 ms, as numpy's GEMM took up to 2x its time on the second call): they are not the batch's timing."""
-    state = {"last": 0.0, "slow_left": 0}
-
-    def library() -> None:
-        now = time.perf_counter()
-        if now - state["last"] > 0.002:
-            state["slow_left"] = 2
-        if state["slow_left"]:
-            state["slow_left"] -= 1
-            spin(0.004)
-        else:
-            spin(0.001)
-        state["last"] = time.perf_counter()
+    library = sleepy_library(idle_s=0.002, slow_s=0.004, fast_s=0.001)
 
     def kernel() -> None:
         spin(0.001)
