@@ -59,6 +59,15 @@ def test_a_library_timed_on_a_sample_only_keeps_no_place() -> None:
     assert ranked([LIBRARY, KERNEL], times, "median") == ([KERNEL, LIBRARY], None)
 
 
+def test_a_choice_timed_briefly_only_comes_after_those_timed_fully() -> None:
+    """Screened, not a contender: its brief figure, taken at another moment, does not beat the contenders' full ones."""
+    times = records({KERNEL: 1.0})
+    times.update(records({OTHER: 0.97}, method="cpu-perf_counter+screened"))
+    assert ranked([KERNEL, OTHER], times, "median") == ([KERNEL, OTHER], None)
+    only_screened = records({KERNEL: 1.0, OTHER: 0.97}, method="cpu-perf_counter+screened")
+    assert ranked([KERNEL, OTHER], only_screened, "median")[0] == [OTHER, KERNEL]  # among themselves: the fastest
+
+
 def test_the_fastest_library_call_is_the_pick_whatever_the_margin() -> None:
     other_library = ExternChoice(kernel, name="other_library")
     order, displaced = ranked([LIBRARY, other_library, KERNEL],
