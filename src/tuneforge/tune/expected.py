@@ -1,9 +1,10 @@
 """The reference's outputs that the choices' outputs are compared with: of the whole problem, or, where a selection
 samples rows that do not depend on each other (sample.RowSample.independent_rows), of a few spans of rows.
 
-Kept by trials.Trials, which runs the reference; here is what is kept and how a choice's outputs are compared with
-it. A run of the whole problem compared on spans only is also required to have written all of each poisoned output
-(`verify.poison_left`); where that cannot be told, the caller runs the reference on the whole after all.
+Kept by trials.Trials, which runs the reference (and hands `Expected.check` a way to run it on more rows); here is
+what is kept and how a choice's outputs are compared with it. A run of the whole problem compared on spans only is
+also required to have written all of each poisoned output (`verify.poison_left`); where that cannot be told, the
+reference is run on the whole after all.
 """
 
 from __future__ import annotations

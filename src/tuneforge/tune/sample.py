@@ -11,7 +11,7 @@ Where every output row depends only on the same rows of the arguments cut, where
 a GEMM's rows of A and C), the reference runs on spans of rows only, never on the whole: 4096^3 float32 took 0.93
 s a run here, a seventh of a cold tuning, and the library call runs whole as a choice in any case. A choice's run
 on the whole problem is then compared with the reference on its first, middle and last rows, and a poisoned output
-must have been written everywhere (no NaN left: else the reference runs on the whole after all, see trials.py).
+must have been written everywhere (no NaN left: else the reference runs on the whole after all, see expected.py).
 """
 
 from __future__ import annotations
