@@ -302,6 +302,26 @@ def test_small_problems_try_tiles_that_fit_them() -> None:
     assert avx2_tiles((1024, 1024, 1024)) == {(6, 2), (4, 3)}
 
 
+def test_few_rows_and_a_b_from_memory_split_the_columns_on_one_block_of_rows() -> None:
+    from tuneforge.kernels.gemm.space import AHEAD_MAX_M, AHEAD_MIN_BYTES, streams_b
+
+    def splits(shape: tuple[int, int, int], dtype: str = "float32") -> set[tuple[int, int]]:
+        """(par, blocks of rows) of each configuration on two threads."""
+        return {(c["par"], -(-shape[0] // c["MC"])) for c in default_space(Problem(*shape, dtype), threads=2)
+                if c["threads"] == 2}
+
+    assert splits((32, 4096, 4096)) == {(1, 1)}  # 4x3 vectors would have split the rows: 32 = 2 x 4 x 4
+    assert (1, 1) in splits((256, 4096, 4096)) and (0, 4) in splits((256, 4096, 4096))  # and one rows split
+    assert (1, 1) not in splits((512, 4096, 4096))  # more rows than AHEAD_MAX_M
+    assert (1, 1) not in splits((256, 1024, 1024))  # B (4 MiB) stays in cache
+    assert streams_b(Problem(AHEAD_MAX_M, AHEAD_MIN_BYTES // 4096, 1024, "float32"))
+    assert not streams_b(Problem(AHEAD_MAX_M, AHEAD_MIN_BYTES // 4096 - 1, 1024, "float32"))
+    # The kernel decides where it prefetches ahead by the same constants.
+    source = (Path(tuneforge.__file__).parent / "kernels" / "gemm" / "kernel.cpp.j2").read_text()
+    assert f"constexpr int64_t AHEAD_MAX_M = {AHEAD_MAX_M};" in source
+    assert f"constexpr double AHEAD_MIN_BYTES = {AHEAD_MIN_BYTES >> 20} << 20;" in source
+
+
 def test_mid_size_problems_also_try_b_unpacked() -> None:
     def packs(shape: tuple[int, int, int]) -> set[tuple[int, int]]:
         return {(c["PACK_A"], c["PACK_B"]) for c in default_space(Problem(*shape, "float32"), threads=2)}

@@ -18,7 +18,7 @@ from tuneforge import config
 from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space
 from tuneforge.kernels.gemm.space import small_m_space
-from tuneforge.kernels.gemm.template import SMALL_M, TEMPLATE, static_args
+from tuneforge.kernels.gemm.template import NO_AHEAD, SMALL_M, TEMPLATE, static_args
 from tuneforge.tune.template import KernelTemplate
 
 from .conftest import run_python
@@ -88,6 +88,31 @@ def test_blocked_kernel_after_the_workers_slept(blocked: Kernel, threads: int, p
     for m, n, mc, nc in ((97, 83, 200, 200), (40, 300, 16, 128), (5, 9, 8, 8), (97, 83, 50, 30)):
         time.sleep(0.003)  # the pool's workers sleep after 50 us without work
         check(blocked, m, n, 71, "float64", {"MC": mc, "KC": 32, "NC": nc, "threads": threads, "par": par})
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize(("par", "mc"), [(0, 16), (1, 48)])
+def test_prefetching_the_next_b_block_changes_no_result(kernels_dir: Path, threads: int, par: int, mc: int) -> None:
+    # Few rows of A and a B of 8 MiB or more: the kernel prefetches each next block of B while it computes one, on
+    # the shared path (par 0: three blocks of rows) and on the private-columns one (par 1, one block); with the
+    # NO_AHEAD bit it does not. Same bits either way and right, with edges in every dimension and B a view with
+    # padded rows.
+    p = Problem(40, 1100, 1030, "float64")
+    config_ = {**next(c for c in default_space(p, threads=2) if c["PACK_A"] and c["PACK_B"]),
+               "MC": mc, "KC": 200, "NC": 104, "threads": threads, "par": par}
+    kernel = TEMPLATE.choices([config_])[0].kernel()
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((40, 1030))
+    b = rng.standard_normal((1032, 1107))[1:-1, 4:-3]
+    assert b.nbytes >= 8 << 20
+    results = []
+    for bits in (0, NO_AHEAD):
+        out = np.full((40, 1100), np.nan)
+        *head, mode = static_args(a, b, out, config_)
+        kernel(*head, mode | bits, 1.0, 0.0, a, b, out, None)
+        results.append(out)
+    np.testing.assert_allclose(results[0], a @ b, rtol=1e-10, atol=1e-9)
+    assert np.array_equal(results[0], results[1])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])

@@ -135,11 +135,25 @@ def blocking(p: Problem, vec_bytes: int, mr: int, nv: int, cpu: CpuInfo, kc_scal
     return {"MC": mc, "KC": kc, "NC": nc}
 
 
+# Where the blocked kernel prefetches B's next block while it computes one (kernel.cpp.j2's Ahead, the same constants):
+# up to this many rows of A, and a B of at least this many bytes (read from memory on every call).
+AHEAD_MAX_M = 256
+AHEAD_MIN_BYTES = 8 << 20
+
+
+def streams_b(p: Problem) -> bool:
+    """Few rows of A and a B too large for the caches: packing B, read from memory, is much of the call."""
+    return p.m <= AHEAD_MAX_M and p.k * p.n * p.itemsize >= AHEAD_MIN_BYTES
+
+
 def _config(p: Problem, vec: int, mr: int, nv: int, *, pack_a: int, pack_b: int, threads: int, par: int,
             cpu: CpuInfo, unroll: int = 4, loop: str = "ir_jr", kc_scale: float = 1.0) -> dict[str, Any]:
-    return {"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MR": mr, "NV": nv, "PACK_A": pack_a, "PACK_B": pack_b,
-            "UNROLL": unroll, "LOOP": loop, "NAME": "tuneforge_gemm",
-            **blocking(p, vec, mr, nv, cpu, kc_scale, threads if par == 0 else 1), "threads": threads, "par": par}
+    config_ = {"T": C_TYPES[p.dtype], "VEC_BYTES": vec, "MR": mr, "NV": nv, "PACK_A": pack_a, "PACK_B": pack_b,
+               "UNROLL": unroll, "LOOP": loop, "NAME": "tuneforge_gemm",
+               **blocking(p, vec, mr, nv, cpu, kc_scale, threads if par == 0 else 1), "threads": threads, "par": par}
+    if par and threads > 1 and streams_b(p):  # one block of rows: the threads own columns (columns_chunk)
+        config_["MC"] = _round_up(p.m, mr)
+    return config_
 
 
 FEW_COLS_MAX = 8  # up to this many columns of C, the few-columns kernel (few_cols.cpp.j2) is a candidate
@@ -205,15 +219,21 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     if skinny_m:  # a tall register tile would mostly multiply zero padding
         chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
     configs = []
+    # Too few rows to share, or few enough and a B read from memory: the threads split the columns. There each thread
+    # packs its own columns' blocks with no wait between them (kernel.cpp.j2's columns_chunk); 4096x4096 B fp32,
+    # 2 threads, AMD EPYC Zen 3, against the rows split: M = 32 15.0 against 32.8 ms, 64 27.7 against 35, 128 41.8
+    # against 51-56, 256 77 against 89-97. With B in cache the rows split held its own (96x1000x300, 200x2000x500,
+    # 256x1024x1024: 0.9-1.2x the columns split).
+    split_columns = streams_b(p)
     for (mr, nv), (pa, pb), t in itertools.product(chosen_tiles, packs, thread_options):
-        par = 1 if t > 1 and p.m < t * 4 * mr else 0  # too few rows to share: split the columns
+        par = 1 if t > 1 and (p.m < t * 4 * mr or split_columns) else 0
         configs.append(_config(p, widest, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu))
     # Second opinions on blocking (a shallower KC: half the A sliver in L1, twice the passes over C) and on
     # the parallel loop.
     mr, nv = chosen_tiles[0]
     for t in thread_options:
         configs.append(_config(p, widest, mr, nv, pack_a=packs[0][0], pack_b=packs[0][1], threads=t,
-                               par=1 if t > 1 and p.m < t * 4 * mr else 0, cpu=cpu, kc_scale=0.5))
+                               par=1 if t > 1 and (p.m < t * 4 * mr or split_columns) else 0, cpu=cpu, kc_scale=0.5))
     if team > 1 and not small:
         other = 0 if p.m < team * 4 * mr else 1
         configs.append(_config(p, widest, mr, nv, pack_a=1, pack_b=1, threads=team, par=1 - other, cpu=cpu))

@@ -66,6 +66,9 @@ def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
 # Mode bits of a B packed ahead of the calls (kernel.cpp.j2's pack_b_whole): a call reads B packed whole (32), or
 # makes no product and packs B whole into c (64).
 PREPACKED, PACK_ONLY = 32, 64
+# Mode bit: never prefetch B's next block while computing this one (kernel.cpp.j2's Ahead; the kernel decides where it
+# pays, from M and the size of B). For comparisons of the two: the results are the same.
+NO_AHEAD = 128
 
 
 def pack_layout(config: Mapping[str, Any], itemsize: int) -> tuple[int, int]:
