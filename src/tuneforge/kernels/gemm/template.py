@@ -137,11 +137,12 @@ def _source(template: str) -> str:
 
 FLAGS = ("-ffp-contract=fast", "-pthread")
 # At -O2 (after the -O of cpp.opt_level: it wins): the blocked and few-columns kernels are written with vector
-# intrinsics and unrolled by hand, and -O3 only duplicated their loops (the inner loops' instructions are the same at
-# both levels, AVX2 and AVX-512 alike) for twice the compile: a kernel unit 0.81-0.91 -> 0.41-0.54 s here. Steady,
-# side by side, every default configuration of 64^3, 128^3, 512^3, 513x257x129, 96x1000x300, 2048^3 fp32 and 64^3,
-# 1024^3, 4096x32x4096, 3000x5x700 fp64 (2 threads, AMD EPYC AVX2): -O3 over -O2 time 0.96-1.04, geometric mean per
-# shape 0.993-1.016 (this host's noise).
+# intrinsics and unrolled by hand, and -O3 mostly duplicated their loops (the micro-kernels' instructions are the same
+# at both levels, AVX2 and AVX-512 alike) for twice the compile: a kernel unit 0.81-0.91 -> 0.41-0.54 s here. What
+# -O3 did do is kept where it pays: the blocked kernel's packing routines at -O3 (kernel.cpp.j2's OPT3; a whole -O3
+# build then 2-3% faster, 5% without), the few-columns kernel's loops over rows and columns unrolled by pragmas (rolled
+# at -O2: 1.5-3x slower on 3000x5x700). Measured against a template of the same source built with FLAGS (the -O of
+# cpp.opt_level alone): patching cpp.opt_level changes nothing where these flags follow it.
 O2_FLAGS = (*FLAGS, "-O2")
 TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                           signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
