@@ -183,8 +183,30 @@ def test_a_gpu_job_on_a_cluster_without_gpus_fails_alone_with_the_reason(cluster
 def cluster_processes(cluster: RayCluster, marker: str, node: str | None = None) -> list[str]:
     """Command lines of the live processes the cluster's nodes started (their environment names a node's cache;
     with `node`, that node's) that mention `marker`."""
+    return list(_cluster_pids(cluster, marker, node).values())
+
+
+def cpu_ticks(pid: str) -> int:
+    """The CPU time a process has used, in clock ticks (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def measuring(cluster: RayCluster, node: str) -> bool:
+    """Whether a benchmark worker of `node` is running a job now: it used CPU time over 0.2 s (an idle worker, kept
+    for the next job, waits on its pipe)."""
+    pids = list(_cluster_pids(cluster, "tuneforge.tune.worker", node))
+    before = [cpu_ticks(pid) for pid in pids]
+    time.sleep(0.2)
+    return any(cpu_ticks(pid) > ticks for pid, ticks in zip(pids, before, strict=True))
+
+
+def _cluster_pids(cluster: RayCluster, marker: str, node: str | None) -> dict[str, str]:
     needle = str(cluster.root).encode() if node is None else f"TUNEFORGE_CACHE_DIR={cluster.root / node}\0".encode()
-    found = []
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -195,7 +217,7 @@ def cluster_processes(cluster: RayCluster, marker: str, node: str | None = None)
         except OSError:
             continue
         if marker in cmdline and needle in environ and state not in ("Z", "X"):
-            found.append(cmdline)
+            found[entry] = cmdline
     return found
 
 
@@ -227,7 +249,9 @@ def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cl
                                                                             tmp_path: Path) -> None:
     """Last in this module: the dead node stays in Ray's view for a while."""
     cluster.add_worker("doomed")
-    ks = tuple(range(8, 8 + 4 * 8, 4))
+    # Shapes no earlier test of the module tuned: with their records on the nodes a job can be a hit, measured
+    # nowhere (waiting for the doomed node to measure, the test then failed in every run of the module, never alone).
+    ks = tuple(range(10, 10 + 4 * 8, 4))
     # Long enough selections that the doomed node is in the middle of one when it is killed.
     env = {**os.environ, **driver_env(cluster, tmp_path / "driver", None, bench_s=0.3)}
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER.format(ks=ks)], env=env, text=True,
@@ -235,11 +259,11 @@ def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cl
     try:
         doomed_db = cluster.root / "doomed" / "records.db"
         deadline = time.monotonic() + 300
-        # Its database exists and its benchmark worker runs: it is measuring a job. On the database alone, one CI
-        # run killed the node when it held no job (jobs_retried 0, every job measured once).
-        while not (doomed_db.exists() and cluster_processes(cluster, "tuneforge.tune.worker", node="doomed")) \
+        # Its benchmark worker is busy: it is measuring a job. On its database alone, and then on its worker's being
+        # there (the worker stays between jobs), CI runs killed the node when it held no job (jobs_retried 0).
+        while not (doomed_db.exists() and measuring(cluster, "doomed")) \
                 and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.02)
         assert doomed_db.exists(), driver.communicate()
         cluster.kill_node("doomed")
         stdout, stderr = driver.communicate(timeout=600)
