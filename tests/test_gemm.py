@@ -322,6 +322,18 @@ def test_few_rows_and_a_b_from_memory_split_the_columns_on_one_block_of_rows() -
     assert f"constexpr double AHEAD_MIN_BYTES = {AHEAD_MIN_BYTES >> 20} << 20;" in source
 
 
+def test_large_problems_leave_out_a_tile_that_pads_much_more_work() -> None:
+    avx2 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "fma"))
+
+    def tiles(shape: tuple[int, int, int], dtype: str = "float32") -> set[tuple[int, int]]:
+        with config.patch(kernel_isa="auto"):
+            return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, dtype), avx2, threads=2)}
+
+    assert tiles((4096, 32, 4096)) == {(6, 2)}  # 4x3 vectors would pad 32 columns to 48
+    assert tiles((4096, 32, 4096), "float64") == {(6, 2), (4, 3)}  # 32 to 36 doubles: within a fifth
+    assert tiles((513, 257, 129)) == {(6, 2), (4, 3)}
+
+
 def test_mid_size_problems_also_try_b_unpacked() -> None:
     def packs(shape: tuple[int, int, int]) -> set[tuple[int, int]]:
         return {(c["PACK_A"], c["PACK_B"]) for c in default_space(Problem(*shape, "float32"), threads=2)}

@@ -216,6 +216,11 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     if p.flops >= AMPLE_FLOPS:
         thread_options = [team]
     chosen_tiles = tiles[:2] if len(packs) > 1 else tiles[:tile_count(widest, cpu)]
+    if not small:  # a tile that pads a fifth more work than the first never won: 4096x32x4096 fp32, 4x3 vectors
+        # (32 columns padded to 48) 16.9-33.6 ms against 6x2's 12.6; its build and trials were a quarter of the cold
+        # tuning (4.0 s)
+        least = padding(p, *chosen_tiles[0], widest)
+        chosen_tiles = [t for t in chosen_tiles if padding(p, t[0], t[1], widest) <= least + 0.2]
     if skinny_m:  # a tall register tile would mostly multiply zero padding
         chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
     configs = []
