@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,13 @@ from tuneforge.cpuinfo import cpu_info
 from tuneforge.kernels.gemm import Problem, default_space, exhaustive_space, vector_widths
 from tuneforge.kernels.gemm import choices as gemm_choices
 from tuneforge.kernels.gemm.space import (
+    C_TYPES,
     FEW_COLS_MAX,
     FEW_COLS_ROWS,
     SMALL_M_MAX,
     few_cols_space,
     padding,
+    register_tiles,
     small_m_space,
 )
 from tuneforge.kernels.gemm.template import FEW_COLS, SMALL_M, TEMPLATE, launch
@@ -104,6 +107,26 @@ def test_blocked_tiles_on_fewer_columns_than_two_vectors(kernels_dir: Path, dtyp
             firsts.setdefault((c["VEC_BYTES"], c["MR"], c["NV"], c["PACK_A"], c["PACK_B"], c["par"]), c)
         check_choices(TEMPLATE.choices(list(firsts.values())), m, n, k, dtype, "offset", alpha=0.5, beta=-1.0,
                       with_bias=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_unpacked_edges_over_many_blocks(kernels_dir: Path, dtype: str) -> None:
+    # A block pads its right edge of B and its bottom edge of A once and reuses them for every tile of the other
+    # loop (kernel.cpp.j2's macro): small blocks make many of them (several MC, NC and KC blocks, a k-block with a
+    # tail), with A or B or both read unpacked, over both parallel loops and both loop orders.
+    m, n, k = 61, 75, 150
+    configs = []
+    for (mr, nv), loop in [(register_tiles(vector_widths(cpu_info())[0], cpu_info())[0], "ir_jr"),
+                           (register_tiles(vector_widths(cpu_info())[0], cpu_info())[1], "ir_jr"),
+                           (register_tiles(vector_widths(cpu_info())[0], cpu_info())[0], "jr_ir")]:
+        nr = nv * vector_widths(cpu_info())[0] // Problem(m, n, k, dtype).itemsize
+        for (pa, pb), (threads, par) in itertools.product([(0, 0), (1, 0), (0, 1)], [(1, 0), (2, 0), (2, 1)]):
+            configs.append({"T": C_TYPES[dtype], "VEC_BYTES": vector_widths(cpu_info())[0], "MR": mr, "NV": nv,
+                            "PACK_A": pa, "PACK_B": pb, "UNROLL": 4, "LOOP": loop, "NAME": "tuneforge_gemm",
+                            "MC": 2 * mr, "KC": 64, "NC": 2 * nr, "threads": threads, "par": par})
+    assert all(n % c["NC"] and m % c["MC"] and k % c["KC"] for c in configs)  # every kind of block has an edge
+    check_choices(TEMPLATE.choices(configs), m, n, k, dtype, "offset", alpha=0.5, beta=-1.0, with_bias=True)
+    check_choices(TEMPLATE.choices(configs), m, n, k, dtype, "transposed")
 
 
 @pytest.mark.parametrize("layout", ["transposed", "offset"])
