@@ -214,3 +214,24 @@ def test_abandons_a_choice_slower_than_the_threshold() -> None:
     assert timing.count == 2 and timing.method.endswith("+abandoned") and len(calls) == 2
     kept = benchmark_cpu(slow, warmup_s=0.0, budget_s=0.02, min_repeats=3, max_repeats=100, abandon_ms=1000.0)
     assert kept.count >= 3 and "abandoned" not in kept.method
+
+
+def test_a_warm_up_of_long_runs_stops_once_it_has_lasted_enough() -> None:
+    """A library's batch warms its threads up with a few runs, unless those runs are long (confirm.py)."""
+    runs: list[float] = []
+
+    def run(seconds: float) -> None:
+        runs.append(seconds)
+        time.sleep(seconds)
+
+    bench.warm_up(lambda: run(0.02), 0.003, at_least=3, enough_s=0.015)
+    assert len(runs) == 1  # 20 ms lasted enough
+    runs.clear()
+    bench.warm_up(lambda: run(0.02), 0.003, at_least=3)
+    assert len(runs) == 3
+    runs.clear()
+    bench.warm_up(lambda: run(0.001), 0.003, at_least=3, enough_s=0.015)
+    assert 3 <= len(runs) < 15  # short runs: the runs asked for (and the ramp's time), long before 15 ms
+    started = time.perf_counter()
+    bench.warm_up(lambda: run(0.001), 0.03, at_least=1, enough_s=0.015)
+    assert time.perf_counter() - started >= 0.03  # never shorter than the time asked for

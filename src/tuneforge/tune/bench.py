@@ -90,15 +90,19 @@ RAMP_NS = int(RAMP_S * 1e9)
 
 
 def warm_up(fn: Callable[[], object], seconds: float, setup: Callable[[], object] | None = None,
-            at_least: int = 1) -> None:
-    """Untimed ``setup(); fn()`` runs until `seconds` have passed, and at least `at_least` of them."""
-    until = time.perf_counter() + seconds
+            at_least: int = 1, enough_s: float | None = None) -> None:
+    """Untimed ``setup(); fn()`` runs until `seconds` have passed, and at least `at_least` of them; with
+    `enough_s`, one run or more that have lasted that long are enough, however few."""
+    started = time.perf_counter()
+    until = started + seconds
     done = 0
     while done < at_least or time.perf_counter() < until:
         if setup is not None:
             setup()
         fn()
         done += 1
+        if enough_s is not None and time.perf_counter() - started >= max(enough_s, seconds):
+            break
 
 
 def benchmark_cpu(fn: Callable[[], object], *, setup: Callable[[], object] | None = None,

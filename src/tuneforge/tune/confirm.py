@@ -58,6 +58,9 @@ LIBRARY_SPELL = 2.0
 # the first 7.0-8.2 ms, the second 5.7-6.2, later 5.3-5.7. With batches of one or two runs (ROUND_BATCH_S), one
 # untimed run left the second run's wake-up in every library batch.
 LIBRARY_WAKE_RUNS = 3
+# ... unless they have lasted this long: the wake-up is over by then (the calls above), and three untimed runs of a
+# long call (4096x32x4096 fp64 numpy, 33 ms) were 0.2 s of a 4 s cold tuning.
+LIBRARY_WAKE_S = 0.015
 
 
 def _timed(results: Sequence[tuple[Choice, Record]], statistic: str) -> list[tuple[float, Choice, Record]]:
@@ -137,7 +140,8 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                     paused += pause
                 after_library = settle_after[i]
                 if warm:  # untimed: wakes the thread pool and the cores up after the pause (bench.RAMP_S)
-                    warm_up(runs[i], RAMP_S, setup, at_least=LIBRARY_WAKE_RUNS if settle_after[i] else 1)
+                    warm_up(runs[i], RAMP_S, setup, at_least=LIBRARY_WAKE_RUNS if settle_after[i] else 1,
+                            enough_s=LIBRARY_WAKE_S)
                 for _ in range(batch):
                     setup()
                     t0 = time.perf_counter_ns()
