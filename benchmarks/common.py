@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -25,6 +26,20 @@ def precompile_package() -> None:
     start-up figures would otherwise include compiling tuneforge's own modules on every run.
     """
     compileall.compile_dir(str(Path(tuneforge.__file__).parent), quiet=1)
+
+
+SIGNIFICANT = 1 / 32  # a one-sided sign test's p-value at most this: five rounds of five
+
+
+def round_verdict(round_ratios: list[float], need: float) -> str:
+    """A ratio target's verdict from per-round ratios: "ok" where the median round meets `need`; "FAIL" where so few
+    rounds met it that a median truly meeting it would leave that few with a chance of SIGNIFICANT at most (none of
+    5, at most one of 9); "fail?" between the two: the median missed, within the rounds' noise."""
+    if statistics.median(round_ratios) >= need:
+        return "ok"
+    n, met = len(round_ratios), sum(r >= need for r in round_ratios)
+    chance = sum(math.comb(n, i) for i in range(met + 1)) / 2**n
+    return "FAIL" if chance <= SIGNIFICANT else "fail?"
 
 
 def write_results(name: str, results: Any, path: Path | None = None) -> None:
