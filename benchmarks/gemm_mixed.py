@@ -211,7 +211,8 @@ def format_table(result: dict[str, Any]) -> str:
                  f"{result['rounds']} interleaved rounds (rounds: the least and most of them), each program's loop "
                  f"warmed {result.get('warm_s', 0)} s first; isolated: tuneforge / numpy.matmul GFLOP/s alone; "
                  f"target: >= {STRONG_MIXED}x where isolated >= {STRONG_ISOLATED}x, else >= {FLOOR}x (fail?: the "
-                 f"median missed it, some round met it); met on {passed} of {len(result['rows'])} rows")
+                 f"median missed it, within the rounds' noise: a 1-in-32 chance or more); met on {passed} of "
+                 f"{len(result['rows'])} rows")
     return "\n".join(lines)
 
 
