@@ -194,6 +194,33 @@ def test_unexpected_error_is_one_line_unless_debugging(cache_dir: Path) -> None:
         assert "Traceback" in debug.stderr and "an unanticipated bug" in debug.stderr
 
 
+def test_ctrl_c_that_python_would_swallow_still_stops_the_command(cache_dir: Path) -> None:
+    # Ctrl-C landing in a __del__ (or one of the import system's weakref callbacks) raises where Python
+    # prints "Exception ignored" and goes on.
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        from tuneforge import cli
+
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)  # the handler runs here, inside __del__
+
+        @cli.main.command("linger")
+        def linger() -> None:
+            Finalized()
+            time.sleep(30)
+
+        sys.argv = ["tuneforge", *sys.argv[1:]]
+        cli.run()
+    """)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, "linger"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc
+    assert time.monotonic() - started < 25  # stopped, not after the command's 30 s
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == ["interrupted"], proc.stderr
+
+
 @pytest.fixture
 def started_tune(cache_dir: Path) -> Iterator[subprocess.Popen[str]]:
     """`tuneforge tune gemm` running long enough to be interrupted, in its own process group (a terminal's)."""

@@ -453,3 +453,38 @@ def test_default_pool_is_shared_and_follows_settings(cache_dir: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         default_pool().shutdown()
+
+
+def test_sigterm_swallowed_where_python_can_only_report_it_still_ends_the_worker() -> None:
+    """SIGTERM landing in a ``__del__`` (or the import system's weakref callbacks) raises where Python
+    prints the exception and goes on: the worker must still end at once, quietly, with its children killed."""
+    script = textwrap.dedent("""
+        import os, subprocess, sys, time
+        from tuneforge.compile import pool_worker
+
+        pool_worker._init_worker(None)
+        child = subprocess.Popen(["sleep", "97"], start_new_session=True)
+        print(child.pid, flush=True)
+        pool_worker._in_task = True
+
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), 15)
+                time.sleep(0.5)  # the handler runs here, inside __del__
+
+        Finalized()
+        print("went on", flush=True)
+        time.sleep(30)  # the exit watch's backstop would end it after its grace: the test must not rely on it
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
+    assert done.returncode == 128 + signal.SIGTERM, done
+    assert "went on" not in done.stdout and done.stderr == "", done  # ended in __del__, nothing printed
+    child_pid = int(done.stdout.split()[0])
+    def running() -> bool:
+        state = subprocess.run(["ps", "-o", "stat=", "-p", str(child_pid)], capture_output=True, text=True)
+        return state.stdout.strip() not in ("", "Z")
+
+    deadline = time.monotonic() + PATIENCE
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running()

@@ -26,6 +26,7 @@ from tuneforge.console import (
     exit_interrupted,
     exiting,
     hold_interrupts_at_exit,
+    keep_swallowed_interrupts,
     print_pairs,
     print_table,
     report_interrupt,
@@ -484,6 +485,7 @@ def _configured_cache_dir() -> Path | None:
 def run() -> None:
     """Entry point of the `tuneforge` console script and of `python -m tuneforge`."""
     hold_interrupts_at_exit()  # first, so that its exit handler runs after every other one
+    keep_swallowed_interrupts()
     try:
         status = _status(sys.argv[1:])
         exiting()

@@ -11,9 +11,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import IO, Any
 
 
@@ -106,6 +107,36 @@ def _report_late_interrupt() -> None:
 def hold_interrupts_at_exit() -> None:
     """Call first in a command: its exit handler runs after every later-registered one (they run LIFO)."""
     atexit.register(_report_late_interrupt)
+
+
+def _redeliver_swallowed_interrupt(unraisable: Any) -> None:
+    # Ctrl-C landing in a __del__ or a weakref callback (the import system has some) raises where
+    # Python can only print it and go on: the command would keep running. Raise it again outside, from
+    # a thread that waits for this hook to return (any pending signal would be raised in here).
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        threading.Thread(target=_interrupt_main_outside, args=(sys._getframe().f_code,),
+                         name="tuneforge-interrupt", daemon=True).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def _interrupt_main_outside(hook: CodeType) -> None:
+    main = threading.main_thread().ident or 0
+
+    def in_hook() -> bool:
+        frame = sys._current_frames().get(main)
+        while frame is not None and frame.f_code is not hook:
+            frame = frame.f_back
+        return frame is not None
+
+    while in_hook():
+        time.sleep(0.001)
+    signal.pthread_kill(main, signal.SIGINT)  # a real signal: it also ends a sleep or a wait
+
+
+def keep_swallowed_interrupts() -> None:
+    """Call first in a command: a Ctrl-C that Python would swallow stops the command all the same."""
+    sys.unraisablehook = _redeliver_swallowed_interrupt
 
 
 def exiting() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -56,6 +57,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     os._exit(TERMINATED_EXIT)
 
 
+def _on_unraisable(unraisable: Any) -> None:
+    """SIGTERM's exception raised where Python can only report it (a weakref callback of the import
+    system, a ``__del__``): it would be printed and lost, and the build would go on. End here instead."""
+    if isinstance(unraisable.exc_value, _Terminated):
+        kill_children(os.getpid())
+        os._exit(TERMINATED_EXIT)
+    sys.__unraisablehook__(unraisable)
+
+
 def _exit_watch(fd: int) -> None:
     """Backstop for SIGTERM that does not need the main thread: kill the compilers, then exit."""
     global _terminating
@@ -78,6 +88,7 @@ def _exit_watch(fd: int) -> None:
 def _init_worker(parent_pid: int | None) -> None:
     ignore_interrupts()  # Ctrl-C reaches the whole process group: the parent decides
     signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.unraisablehook = _on_unraisable
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
