@@ -250,7 +250,11 @@ def idle_spin_seconds(kernels_dir: Path, policy: str | None) -> float:
 def test_wait_policy_from_the_environment(kernels_dir: Path) -> None:
     """Idle workers spin 50 us by default, then sleep; a user's OMP_WAIT_POLICY=active makes them spin 5 ms
     (30 sleeps of 10 ms: up to 150 ms of CPU), passive makes them sleep at once."""
-    active = idle_spin_seconds(kernels_dir, "active")
+    active = 0.0
+    for _ in range(3):  # a worker spins on the CPU that is not the caller's: a busy host can take it away
+        active = max(active, idle_spin_seconds(kernels_dir, "active"))
+        if active > 0.03:
+            break
     passive = idle_spin_seconds(kernels_dir, "passive")
     default = idle_spin_seconds(kernels_dir, None)
     assert active > 0.03, active

@@ -51,17 +51,23 @@ def runs(stamps: Path) -> list[tuple[int, float]]:
 
 def test_the_worker_runs_the_reference_while_the_choices_compile(quick_tuning: Path, tmp_path: Path) -> None:
     stamps = tmp_path / "reference.txt"
-    # A worker that is up already: on a loaded machine, starting one can outlast two small builds.
+    # Builds that take 3 s at least (a compiler that sleeps first): on a loaded machine, two small builds could
+    # end before the worker had its turn, and the test would say nothing of the order.
+    slow_cxx = tmp_path / "slow-g++"
+    slow_cxx.write_text('#!/bin/sh\ncase " $* " in *" -shared "*) sleep 3 ;; esac\nexec g++ "$@"\n')
+    slow_cxx.chmod(0o755)
+    # A worker that is up already: on a loaded machine, starting one can outlast the builds.
     assert tuneforge.prepare("cpu", wait=True)
     started = time.time()
-    s = select_detailed("ahead", k.crash_choices(["good", "good_slow"]), [np.ones(N), np.ones(N)], out=np.empty(N),
-                        reference=reference(stamps))
+    with config.patch(cpp_cxx=str(slow_cxx)):
+        s = select_detailed("ahead", k.crash_choices(["good", "good_slow"]), [np.ones(N), np.ones(N)],
+                            out=np.empty(N), reference=reference(stamps))
     assert s.choice.params["LABEL"] == "good"
     ran = runs(stamps)
     assert len(ran) == 1, ran  # once: the trials took the inputs and outputs made ahead
     pid, when = ran[0]
     assert pid != os.getpid()  # in the worker
-    assert s.report.build_s > 0.05  # g++ ran (an empty cache)
+    assert s.report.build_s > 3  # the slow compiler ran (an empty cache)
     assert when - started < s.report.build_s, "the reference ran only after the builds"
 
 
