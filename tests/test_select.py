@@ -158,6 +158,21 @@ def test_input_writes_are_flagged_and_undone(tuning: Path) -> None:
     assert record.status == "ok" and record.info["mutates_inputs"] == [0]
 
 
+@pytest.mark.parametrize("writer", ["IN_PLACE_BODY", "LATER_WRITE_BODY"])
+def test_writes_into_large_inputs_are_found_and_undone(tuning: Path, writer: str) -> None:
+    """Inputs of 24 MB: in the benchmark worker their pages are watched for writes instead of being compared and
+    copied back (input_guard.py). A kernel that writes into one on its checked run is flagged; one that writes only
+    in its timed runs is still undone: the kernel after it checks and times on the inputs as they were."""
+    n = 3_000_000
+    bodies = [{"BODY": getattr(k, writer)}, {"BODY": k.GOOD_BODY}]
+    choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices(bodies)]
+    selection = select_detailed("add_large", choices, arrays(n), out=np.empty(n))
+    assert selection.report.isolated
+    assert all(selection.records[c.hash_key].status == "ok" for c in choices), selection.records
+    flagged = selection.records[choices[1].hash_key].info.get("mutates_inputs")
+    assert flagged == ([0] if writer == "IN_PLACE_BODY" else None)
+
+
 def test_benchmarks_run_on_generated_inputs_not_user_data(tuning: Path) -> None:
     a, b = np.arange(16.0), np.arange(16.0)
     select("add", [ExternChoice(k.add_in_place), ExternChoice(k.add)], [a, b], out=np.empty(16))

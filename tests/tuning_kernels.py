@@ -63,6 +63,9 @@ ADD_TEMPLATE = KernelTemplate("test_add", ADD_SOURCE,
 GOOD_BODY = "for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];"
 BROKEN_BODY = "this is not C++;"
 WRONG_BODY = "for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];"
+IN_PLACE_BODY = "double* w = const_cast<double*>(a); for (int64_t i = 0; i < n; ++i) { w[i] += b[i]; out[i] = w[i]; }"
+# right, but from its second run on it writes into `a` too: only its checked run leaves the inputs as they were
+LATER_WRITE_BODY = GOOD_BODY + " static int runs = 0; if (++runs > 1) const_cast<double*>(a)[n / 2] = -1.0;"
 
 
 def time_sleep(seconds: float) -> None:
@@ -122,3 +125,4 @@ class GatedBuild(CallableChoice):
 
 def add_configured(a: Any, b: Any, out: Any, label: str = "") -> None:
     np.add(a, b, out=out)
+

@@ -16,8 +16,9 @@ Imported by job.py, which a selection answered from records loads: nothing heavy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tuneforge.errors import TuneforgeError
@@ -73,6 +74,15 @@ class DeviceContextLost(TuneforgeError, RuntimeError):
                          "benchmark worker and costs only itself")
         self.culprit, self.error, self.resume_at = culprit, error, resume_at
         self.verify_s, self.bench_s = verify_s, bench_s
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """Wait for the work queued on `device` (a no-op on the CPU): a kernel's error surfaces here."""
+    if device == "cpu":
+        return lambda: None
+    import torch
+
+    return functools.partial(torch.cuda.synchronize, device)
 
 
 def current_cuda_device() -> int:

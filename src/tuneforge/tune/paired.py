@@ -23,6 +23,7 @@ from tuneforge.tune.bench import Timing
 from tuneforge.tune.bench_gpu import time_side_by_side_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import CONFIDENCE, PAIRED_SCALE, confidence, time_side_by_side
+from tuneforge.tune.input_guard import InputGuard
 from tuneforge.tune.job import TrialJob, make_record
 
 log = logging.getLogger("tuneforge.tune")
@@ -35,6 +36,7 @@ class Trials(Protocol):
     args: list[Any]
     initial: list[Any]
     bench_s: float
+    guard: InputGuard
 
     def restored_for_timing(self, mutated: Sequence[int]) -> list[int]: ...
 
@@ -62,7 +64,7 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
         return []
     finally:
         trials.bench_s += time.perf_counter() - started
-        verify.restore(args, trials.initial)
+        trials.guard.restore(args, trials.initial)
     timings = levelled(timings, rounds, statistic)
     fastest = min(range(len(tie)), key=lambda i: timings[i].stat(statistic))
     sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]

@@ -19,7 +19,6 @@ nothing more can run in this process (a benchmark worker exits, and its parent s
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 import traceback
@@ -33,7 +32,7 @@ from tuneforge.tune.bench import LONG_RUN_NS, RAMP_NS, RAMP_S, Timing, benchmark
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import contenders, near_tie
-from tuneforge.tune.device import DeviceContextLost, is_sticky_cuda_error
+from tuneforge.tune.device import DeviceContextLost, device_sync, is_sticky_cuda_error
 from tuneforge.tune.events import (
     ChoiceConfirmed,
     ChoiceResult,
@@ -44,6 +43,7 @@ from tuneforge.tune.events import (
     TrialsDone,
 )
 from tuneforge.tune.expected import Expected
+from tuneforge.tune.input_guard import InputGuard
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
 from tuneforge.tune.paired import time_paired
 from tuneforge.tune.quiet import settle
@@ -61,15 +61,6 @@ from tuneforge.tune.screening import (
 log = logging.getLogger("tuneforge.tune")
 
 
-def _sync_device(device: str) -> Callable[[], None]:
-    """Wait for the work queued on `device` (a no-op on the CPU): a kernel's error surfaces here."""
-    if device == "cpu":
-        return lambda: None
-    import torch
-
-    return functools.partial(torch.cuda.synchronize, device)
-
-
 class Trials:
     """Holds the arguments, their initial state and the reference's outputs for a run of trials."""
 
@@ -82,6 +73,7 @@ class Trials:
                 verify.poison(args[i])
         self.initial = verify.snapshot(args)  # every run starts from here
         self.inputs = [i for i in range(len(args)) if i not in job.outputs]
+        self.guard = InputGuard(args, self.initial, self.inputs)  # large inputs found unwritten without comparing
         self.expected = Expected(job.outputs)
         self.reference: Choice | None = None
         self.reference_error: str | None = None
@@ -90,7 +82,7 @@ class Trials:
         self.reference_ns: int | None = None  # how long the reference's run took, and what inputs it wrote into
         self.reference_mutated: list[int] = []
         self.reference_contended = job.ahead  # its run shared the cores with compilers: no timing (TrialJob.ahead)
-        self.sync = _sync_device(job.device)
+        self.sync = device_sync(job.device)
         self.lost: str | None = None  # the sticky CUDA error after which nothing runs or is restored here
         self.screen_level: ScreenLevel | None = None  # a crowded screening's (screening.py), while it runs
 
@@ -114,14 +106,14 @@ class Trials:
                 reference.run(args)
                 self.sync()
                 self.reference_ns = time.perf_counter_ns() - started
-                self.reference_mutated = verify.changed(args, self.initial, self.inputs)
+                self.reference_mutated = self.guard.changed(args, self.initial, self.inputs)
                 self.expected.whole = verify.snapshot(args, self.job.outputs)  # only outputs are compared
         except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
             self.reference_error = error_text(exc)
             if is_sticky_cuda_error(self.reference_error):
                 self.lost = self.reference_error
                 return
-        verify.restore(args, self.initial)
+        self.guard.restore(args, self.initial)
         self._settle_reference()
 
     def _settle_reference(self) -> None:
@@ -139,7 +131,7 @@ class Trials:
         outputs = verify.snapshot(initial, self.job.outputs)
         self.reference.run([outputs[i] if i in self.job.outputs else a for i, a in enumerate(args)])
         self.sync()
-        verify.restore(args, initial, verify.changed(args, initial, self.inputs))
+        verify.restore(args, initial, self.guard.changed(args, initial, self.inputs))
         return outputs
 
     def problem(self, choice: Choice, whole: bool = False) -> tuple[list[Any], list[Any], int | None, float]:
@@ -173,7 +165,7 @@ class Trials:
             record = self._run(choice, started, budget_s, whole)
         except Exception as exc:
             if not is_sticky_cuda_error(error_text(exc)):
-                verify.restore(self.args, self.initial)
+                self.guard.restore(self.args, self.initial)
                 raise
             # Surfaced in the checking or the copies after the run (CUDA reports errors late): still its own.
             tb = "".join(traceback.format_exception(exc)[-3:])
@@ -181,7 +173,7 @@ class Trials:
         if record.status == "runtime_error" and is_sticky_cuda_error(record.error):
             self.lost = record.error  # restoring the arguments would fail as well
             return record
-        verify.restore(self.args, self.initial)
+        self.guard.restore(self.args, self.initial)
         return record
 
     def _run(self, choice: Choice, started: float, budget_s: float | None, whole: bool) -> Record:
@@ -205,7 +197,7 @@ class Trials:
                 self.verify_s += time.perf_counter() - started
                 tb = "".join(traceback.format_exception(exc)[-3:])
                 return make_record(self.job, choice, "runtime_error", error=f"{error_text(exc)}\n{tb}")
-            mutated = verify.changed(args, initial, self.inputs)
+            mutated = self.guard.changed(args, initial, self.inputs)
         info: dict[str, Any] = {}
         if mutated:
             info["mutates_inputs"] = mutated
@@ -291,7 +283,7 @@ class Trials:
             return screened
         finally:
             self.bench_s += time.perf_counter() - started
-            verify.restore(self.args, self.initial)
+            self.guard.restore(self.args, self.initial)
         if budget_s is not None:
             return make_record(self.job, choice, "ok", timing=timing, info=screened.info)
         return self._timed(choice, timing, screened.info)
@@ -314,6 +306,7 @@ class Trials:
     def finish(self) -> None:
         # on a broken CUDA context every copy fails: nothing can be restored
         if self.lost is None and self.original is not None:
+            self.guard.close()
             verify.restore(self.args, self.original)
 
     def context_lost(self, culprit: str, resume_at: int, total: int) -> DeviceContextLost:
@@ -382,6 +375,8 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
         trials.finish()
     if job.keep_inputs and job.live_args is None and trials.lost is None:
         _kept = trials
+    else:
+        trials.guard.close()
     emit(TrialsDone(trials.verify_s, trials.bench_s, setup_s))
 
 

@@ -249,7 +249,7 @@ def _libc_memcmp() -> Callable[[int, int, int], int] | None:
     return cast("Callable[[int, int, int], int]", memcmp)
 
 
-_memcmp = _libc_memcmp()
+memcmp = _libc_memcmp()  # None where there is no C library to ask
 
 
 def _same_bytes(now: np.ndarray[Any, Any], before: Any) -> bool:
@@ -258,10 +258,10 @@ def _same_bytes(now: np.ndarray[Any, Any], before: Any) -> bool:
     Every choice's checked run compares each input with its snapshot, and a GEMM's B can be 64 MB:
     np.array_equal takes ~40 ms there (a full boolean temporary), memcmp ~5 ms.
     """
-    if (_memcmp is None or not isinstance(before, np.ndarray) or now.dtype != before.dtype
+    if (memcmp is None or not isinstance(before, np.ndarray) or now.dtype != before.dtype
             or now.shape != before.shape or not (now.flags.c_contiguous and before.flags.c_contiguous)):
         return False
-    return now.nbytes == 0 or _memcmp(now.ctypes.data, before.ctypes.data, now.nbytes) == 0
+    return now.nbytes == 0 or memcmp(now.ctypes.data, before.ctypes.data, now.nbytes) == 0
 
 
 def poison(value: Any) -> None:

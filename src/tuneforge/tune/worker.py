@@ -74,7 +74,7 @@ def _preload(names: Iterable[str]) -> None:
 
 
 def serve(read_fd: int, write_fd: int) -> None:
-    from tuneforge.tune import runner
+    from tuneforge.tune import input_guard, runner
     from tuneforge.tune.device import DeviceContextLost
     from tuneforge.tune.events import ContextLost, JobFailed, JobUnreadable
     from tuneforge.tune.job import error_text
@@ -82,6 +82,7 @@ def serve(read_fd: int, write_fd: int) -> None:
     from tuneforge.tune.trials import release_kept, run_trials
 
     runner.mark_worker()  # a selection made in here never starts a worker of its own
+    input_guard.enable()  # its trials watch large inputs for writes instead of comparing them
     hello = receive(read_fd)
     for entry in reversed(hello["sys_path"]):
         if entry not in sys.path:
