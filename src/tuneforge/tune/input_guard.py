@@ -48,7 +48,7 @@ def _helper() -> ctypes.CDLL | None:
     global _library, _load_failed
     if _library is None and not _load_failed:
         try:
-            from tuneforge import cpp
+            from tuneforge.compile import cpp
 
             library = cpp.load(_SOURCE.read_text(), openmp=False)
             library.tf_guard_arm.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t]
