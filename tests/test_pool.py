@@ -371,10 +371,10 @@ if __name__ == "__main__":
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(3)
-    else:  # leave with builds running: shut down at exit
+    else:  # leave with builds running (once the test has seen them: a line on stdin): shut down at exit
         for label, build in builds:
             pool.submit(build, label=label)
-        time.sleep(0.5)
+        sys.stdin.readline()
 """
 
 
@@ -385,12 +385,15 @@ def test_interrupt_and_exit_stop_workers_and_compilers(cxx: Path, tmp_path: Path
     env = {**os.environ, SLOW: "87.9"}
     started = time.monotonic()
     with subprocess.Popen([sys.executable, str(script), str(cxx), how], env=env, stdout=subprocess.PIPE,
-                          text=True) as child:
-        assert child.stdout is not None
+                          stdin=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None and child.stdin is not None
         pids = [int(p) for p in child.stdout.readline().split()]
         assert len(pids) == 2 and eventually(lambda: len(pgrep("sleep 87.9")) >= 2)
         if how == "interrupt":
             child.send_signal(signal.SIGINT)
+        else:
+            child.stdin.write("exit\n")
+            child.stdin.flush()
         rest = child.stdout.read()
         code = child.wait(timeout=PATIENCE)
     assert time.monotonic() - started < PATIENCE  # it did not wait for the 88 s compiles to finish

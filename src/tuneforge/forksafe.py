@@ -11,13 +11,16 @@ Kept at the bottom of the package (it imports nothing of tuneforge) so every lay
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-__all__ = ["ForkSafeLock"]
+__all__ = ["ForkSafeLock", "forking_worker"]
 
 
 class ForkSafeLock:
@@ -53,9 +56,26 @@ class ForkSafeLock:
 _locks: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
 
 
+_forking = threading.local()
+
+
+@contextlib.contextmanager
+def forking_worker() -> Iterator[None]:
+    """Around the start of a worker process by fork, in the thread that forks it: the child drops stdin."""
+    _forking.worker = True
+    try:
+        yield
+    finally:
+        _forking.worker = False
+
+
 def _after_fork_in_child() -> None:
     for lock in list(_locks):
         lock._renew()
+    if getattr(_forking, "worker", False):
+        # The parent's main thread may be blocked reading stdin, holding its buffer's lock; multiprocessing closes
+        # stdin in the child before the worker runs and would wait for that lock forever. None: left alone.
+        sys.stdin = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

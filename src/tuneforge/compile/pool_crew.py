@@ -34,6 +34,7 @@ from tuneforge.compile.pool_task import Task
 from tuneforge.compile.pool_worker import BuildResult, serve
 from tuneforge.dataclass_lite import dataclass
 from tuneforge.errors import CompileError
+from tuneforge.forksafe import forking_worker
 from tuneforge.supervisor import STOP_GRACE_S, Supervised, interrupts_held, kill_children, stop_all
 
 log = logging.getLogger("tuneforge.compile")
@@ -201,7 +202,7 @@ class Crew:
         # typeshed declares Process on the concrete contexts only, which get_context(name) does not name
         make: type[BaseProcess] = self._context.Process  # type: ignore[attr-defined]
         process = make(target=serve, args=(theirs, self._parent), daemon=True, name="tuneforge-build-worker")
-        with interrupts_held():
+        with interrupts_held(), forking_worker():
             process.start()
         theirs.close()
         self._slots.append(_Slot(process, Supervised(process), mine))
