@@ -206,9 +206,10 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
     assert first.median_ms < second.median_ms
     assert len(rounds[0]) == len(rounds[1]) >= MIN_ROUNDS  # each batch's median, per round
     sure = confidence(rounds[0], rounds[1], "slow")
-    # a preempted batch on a busy 2-core VM can lose one round (seen in CI: a 0.5 ms run's batch at 1.65 ms)
+    # a preempted batch on a busy 2-core VM can lose a round (seen in CI: a 0.5 ms run's batch at 1.65 ms): a
+    # majority of the rounds, and the median above, say which is faster
     n, wins = sure["rounds"], sure["faster_in"]
-    assert sure["versus"] == "slow" and n == len(rounds[0]) and wins >= n - 1
+    assert sure["versus"] == "slow" and n == len(rounds[0]) and wins > n / 2
     tail = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n  # a fair coin's chance of that many wins or more
     assert sure["by"] > 0.5 and sure["p"] == pytest.approx(tail, abs=1e-4)
     # the order alternates (f s | s f | f s ...: a round's last batch and the next's first are the same run's); each
@@ -221,16 +222,18 @@ def test_side_by_side_timing_alternates_and_measures_each() -> None:
 def test_a_library_batch_is_timed_once_its_threads_are_awake() -> None:
     """A library's threads sleep through the pause before its batch, and waking them takes its first runs (here two
     of 4 ms, as numpy's GEMM took up to 2x its time on the second call): they are not the batch's timing."""
-    library = sleepy_library(idle_s=0.002, slow_s=0.004, fast_s=0.001)
+    # Asleep after 6 ms idle: a preemption between two of its calls on a busy host stays shorter than that
+    library = sleepy_library(idle_s=0.006, slow_s=0.004, fast_s=0.001)
 
     def kernel() -> None:
         spin(0.001)
-        time.sleep(0.003)  # the library's pool falls asleep meanwhile
+        time.sleep(0.01)  # the library's pool falls asleep meanwhile
 
     with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.0):
         (_, lib), rounds = time_side_by_side([kernel, library], lambda: None, typical_ms=5.0,
                                              settle_after=[False, True])
-    assert lib.median_ms < 2.0 and max(rounds[1]) < 2.5, rounds[1]
+    # timed wake-up runs would make every batch ~4 ms; one preempted batch is the host's
+    assert lib.median_ms < 2.0 and sorted(rounds[1])[-2] < 2.5, rounds[1]
 
 
 def test_library_batches_pause_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:

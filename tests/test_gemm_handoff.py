@@ -77,7 +77,9 @@ idle = fast.busy_threads()
 quiet = deferred_over(gemm, 100)
 side()
 after_numpy = fast.busy_threads()
-first = deferred_over(gemm, 5)  # the kernel on both threads, then on one, then numpy
+# the kernel on both threads, then on one, then numpy: a numpy call before each, so that its workers spin at every
+# call however slow the host (five calls after one numpy call could outlast its workers' spin)
+first = deferred_over(lambda: (side(), gemm()), 5)
 # A fresh spin: under load the five calls above can outlast the first one, and the hand-off, which has tried the
 # kernel beside the running threads by now, must give numpy the calls at once.
 side()

@@ -240,8 +240,10 @@ def test_a_worker_interrupted_while_it_starts_carries_on_only_if_started_with_in
     stdout, stderr = child.communicate(timeout=60)
     if held:  # the signal waited, blocked, and was dropped once the worker ignored it
         assert (child.returncode, stdout.strip()) == (0, "served"), stderr
-    else:  # what happened before: a KeyboardInterrupt traceback from the worker's imports
-        assert child.returncode != 0 and "KeyboardInterrupt" in stderr
+    else:  # what happened before: a KeyboardInterrupt traceback from the worker's imports (or, on a host slow to
+        # start Python, death by SIGINT before Python's handler was installed): either way it did not carry on
+        assert child.returncode != 0 and "served" not in stdout
+        assert "KeyboardInterrupt" in stderr or child.returncode == -signal.SIGINT, (child.returncode, stderr)
 
 
 def test_a_ctrl_c_to_the_parent_while_it_starts_a_worker_is_deferred_not_lost() -> None:
