@@ -58,6 +58,9 @@ def make_cache_fixture() -> Iterator[Callable[..., RemoteCache]]:
     made: list[RemoteCache] = []
 
     def make(url: str, **kwargs: Any) -> RemoteCache:
+        # not the 0.5 s default: on a loaded CI host one slow round trip would be an error and open the breaker
+        # (tests of time-outs pass their own)
+        kwargs.setdefault("timeout_s", 10.0)
         cache = RemoteCache(url, **kwargs)
         made.append(cache)
         return cache

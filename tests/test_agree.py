@@ -14,6 +14,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+# a round trip may take seconds on a loaded CI host: not the 0.5 s default, which would count it as an outage
+REMOTE_ENV = {"TUNEFORGE_REMOTE_TIMEOUT_S": "10", "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
+
 _CHOICES = """
 import os, time
 
@@ -73,7 +76,7 @@ def picks(procs: list[subprocess.Popen[str]]) -> list[tuple[str, str]]:
 
 
 def test_ranks_selecting_at_once_all_take_the_first_pick(tmp_path: Path, redis_clean: str) -> None:
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, **REMOTE_ENV}
     found = picks(start_ranks(tmp_path, range(3), env))
     assert len({name for name, _ in found}) == 1, found
     assert sorted(source for _, source in found) == ["agreed", "agreed", "tuned"], found
@@ -81,7 +84,7 @@ def test_ranks_selecting_at_once_all_take_the_first_pick(tmp_path: Path, redis_c
 
 def test_without_agreement_the_rigged_ranks_pick_differently(tmp_path: Path, redis_clean: str) -> None:
     """What the agreement prevents (and that the rigging works): each rank alone picks its own fastest."""
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1", "TUNEFORGE_REMOTE_AGREE": "0"}
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, **REMOTE_ENV, "TUNEFORGE_REMOTE_AGREE": "0"}
     found = picks(start_ranks(tmp_path, range(2), {**env, "TUNEFORGE_AUTOTUNE_FORCE": "1"}))
     assert [name for name, _ in found] == ["plus_b", "plus_a"], found
 
@@ -101,7 +104,7 @@ def test_a_rank_waiting_for_a_lease_holder_that_died_measures_itself(tmp_path: P
         key = probe.stdout.strip()
         assert cache.put_first("lease", key, b"gone:1", ttl_s=60) is True
         cache.close()
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1",
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, **REMOTE_ENV,
            "TUNEFORGE_REMOTE_AGREE_WAIT_S": "1.5"}
     started = time.monotonic()
     found = picks(start_ranks(tmp_path, [0], env))
@@ -110,7 +113,7 @@ def test_a_rank_waiting_for_a_lease_holder_that_died_measures_itself(tmp_path: P
 
 
 def test_a_forced_retune_replaces_the_pick_that_later_ranks_take(tmp_path: Path, redis_clean: str) -> None:
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, **REMOTE_ENV}
     (rank1,) = picks(start_ranks(tmp_path, [1], env))  # rank 1 alone first: plus_b is slow there
     assert rank1 == ("plus_a", "tuned")
     forced = picks(start_ranks(tmp_path, [0], {**env, "TUNEFORGE_AUTOTUNE_FORCE": "1"}))
@@ -121,7 +124,7 @@ def test_a_forced_retune_replaces_the_pick_that_later_ranks_take(tmp_path: Path,
 
 def test_a_rank_deciding_from_shared_records_reads_the_pick_and_imports_no_redis_client(
         tmp_path: Path, redis_clean: str) -> None:
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, **REMOTE_ENV}
     (first,) = start_ranks(tmp_path, [1], env)
     stdout, stderr = first.communicate(timeout=300)
     assert "PICK plus_a tuned" in stdout and "REDIS-PY True" in stdout, stderr  # it measured and published

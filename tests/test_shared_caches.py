@@ -59,7 +59,8 @@ def gemm_child(tmp_path: Path, cache: str, *, shape: tuple[int, int, int] = (40,
 
 def test_second_machine_gets_decision_and_artifact_from_redis(tmp_path: Path, redis_clean: str,
                                                               wrapper_compiler: Path) -> None:
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_CPP_CXX": str(wrapper_compiler)}
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_TIMEOUT_S": "10",
+           "TUNEFORGE_CPP_CXX": str(wrapper_compiler)}
     first, _ = gemm_child(tmp_path, "machine-a", env=env)
     assert first["source"] == "tuned" and first["value"] == 32.0
     assert first["remote"]["puts"] >= 2  # the records and at least the winner's artifact
@@ -79,7 +80,7 @@ def test_second_machine_gets_decision_and_artifact_from_redis(tmp_path: Path, re
 def test_tampered_artifact_is_rejected_and_counted(tmp_path: Path, redis_clean: str) -> None:
     import redis as redis_client
 
-    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_SECRET": "s3cret",
+    env = {"TUNEFORGE_REMOTE_URL": redis_clean, "TUNEFORGE_REMOTE_TIMEOUT_S": "10", "TUNEFORGE_REMOTE_SECRET": "s3cret",
            "TUNEFORGE_AUTOTUNE_ISOLATE": "0"}
     first, _ = gemm_child(tmp_path, "a", env=env, kernels_only=True)
     assert first["winner"] != "numpy_matmul"  # a compiled artifact to tamper with
