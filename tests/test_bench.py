@@ -68,9 +68,11 @@ def test_a_checked_run_far_slower_than_the_next_is_not_a_sample() -> None:
         calls.append(1)
         time.sleep(0.005)
 
-    timing = benchmark_cpu(run, warmup_s=0.0, budget_s=0.05, min_repeats=3, max_repeats=50, max_bench_s=2.0,
+    # a budget of 40 runs of 5 ms: however late a busy host wakes the sleeps, more than the 3 runs that counting the
+    # first run against the budget would leave
+    timing = benchmark_cpu(run, warmup_s=0.0, budget_s=0.2, min_repeats=3, max_repeats=50, max_bench_s=2.0,
                            warmed=True, first_ns=1_700_000_000)
-    assert timing.max_ms < 100 and timing.count == len(calls) >= 5, timing
+    assert timing.max_ms < 1000 and timing.count == len(calls) >= 5, timing
 
 
 def test_unset_arguments_come_from_settings() -> None:

@@ -59,7 +59,7 @@ SELECTION = """
     from tuneforge.tune.select import select_detailed
     from tests import tuning_kernels as k
     names = {names!r}
-    with config.patch(autotune_bench_time_s=0.01, autotune_warmup_s=0.0, autotune_bench_timeout_s=3.0):
+    with config.patch(autotune_bench_time_s=0.01, autotune_warmup_s=0.0, autotune_bench_timeout_s=10.0):
         s = select_detailed("crashy", [ExternChoice(k.add_slower), *k.crash_choices(names)],
                             [np.ones(256), np.ones(256)], out=np.empty(256))
     out = {{"winner": s.choice.params.get("LABEL", s.choice.name), "isolated": s.report.isolated,
@@ -72,7 +72,8 @@ SELECTION = """
 def test_crashing_hanging_wrong_and_broken_choices_next_to_good_ones(cache_dir: Path) -> None:
     tag = uuid.uuid4().hex
     names = ["segfault", "good_slow", "abort", "hang", "wrong", "broken", "good"]
-    # No wall-clock assert: a hang not cut at bench_timeout_s (3 s) would run forever and hit this limit.
+    # No wall-clock assert: a hang not cut at bench_timeout_s would run forever and hit this limit. 10 s: a fresh
+    # worker after each crash must make its inputs within it on a busy host.
     proc = run_python(SELECTION.format(names=names), env={"TUNEFORGE_TEST_TAG": tag}, timeout=300)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     records = result["records"]
@@ -80,7 +81,7 @@ def test_crashing_hanging_wrong_and_broken_choices_next_to_good_ones(cache_dir: 
     assert result["winner"] == "good"
     assert records["segfault"][0] == "crash" and "SIGSEGV" in records["segfault"][1]
     assert records["abort"][0] == "crash" and "SIGABRT" in records["abort"][1]
-    assert records["hang"][0] == "timeout" and "3 s" in records["hang"][1]
+    assert records["hang"][0] == "timeout" and "10 s" in records["hang"][1]
     assert records["wrong"][0] == "wrong_result" and "wrong result" in records["wrong"][1]
     assert records["broken"][0] == "compile_error" and "error" in records["broken"][1]
     assert records["good"][0] == "ok" and records["good_slow"][0] == "ok" and records["add_slower"][0] == "ok"
@@ -109,8 +110,8 @@ def test_worker_is_reused_and_leaves_no_zombies(cache_dir: Path) -> None:
 
 
 def test_in_process_when_isolation_is_off(cache_dir: Path) -> None:
-    code = SELECTION.format(names=["good"]).replace("autotune_bench_timeout_s=3.0",
-                                                      "autotune_bench_timeout_s=3.0, autotune_isolate=False")
+    code = SELECTION.format(names=["good"]).replace("autotune_bench_timeout_s=10.0",
+                                                      "autotune_bench_timeout_s=10.0, autotune_isolate=False")
     result = json.loads(run_python(code).stdout.strip().splitlines()[-1])
     assert result["isolated"] is False and result["winner"] == "good"
 
@@ -258,8 +259,10 @@ def test_a_prepared_worker_is_not_waited_for(cache_dir: Path, tmp_path: Path) ->
         return float(json.loads(log.read_text().splitlines()[-1])["startup_s"])
 
     startup_s(False)  # builds the choices
-    assert startup_s(False) > 0.01  # nothing hides the worker's start
-    assert startup_s(True) < 0.005  # a dict lookup and a check that it lives
+    unprepared = startup_s(False)
+    assert unprepared > 0.01  # nothing hides the worker's start
+    # a dict lookup and a check that it lives (a few microseconds; a preempted one on a busy host, milliseconds)
+    assert startup_s(True) < min(0.05, unprepared / 4)
 
 
 def test_prepare_checks_the_device_and_starts_nothing_without_isolation(cache_dir: Path) -> None:
