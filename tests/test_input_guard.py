@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tuneforge.tune import verify
 from tuneforge.tune.input_guard import InputGuard
@@ -65,13 +66,34 @@ def test_writes_from_python_native_code_and_threads_are_found_and_restored(cache
     assert proc.stdout.split()[-1] == "ok", proc.stderr
 
 
-def test_other_faults_still_kill_the_process(cache_dir: Path) -> None:
+def test_a_handler_a_library_installs_later_goes_behind_the_guard(cache_dir: Path) -> None:
     proc = run_python(_SETUP + """
+    import faulthandler
+    faulthandler.enable()  # a SIGSEGV handler of its own, installed after the guard's, as a choice's library might
+    guard.restore(args, initial)  # after each choice: the guard's handler goes back in front
+    a[n // 2] = 1.0
+    assert not guard.unchanged(0)
+    guard.restore(args, initial)
+    assert np.array_equal(a, initial[0])
+    print("ok")
+    """, env={"TUNEFORGE_CACHE_DIR": str(cache_dir)}, timeout=300)
+    assert proc.stdout.split()[-1] == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("faulthandler", [False, True])
+def test_other_faults_still_kill_the_process(cache_dir: Path, faulthandler: bool) -> None:
+    """Also with a handler installed after the guard's that hands the fault back (faulthandler, having dumped the
+    stack): it must not come back to the guard for ever."""
+    proc = run_python(_SETUP + f"""
+    if {faulthandler}:
+        import faulthandler
+        faulthandler.enable()
+        guard.restore(args, initial)  # the guard's handler in front again
     assert guard._pages
     print("armed", flush=True)
     ctypes.string_at(0)  # a null read: not the guard's
     print("survived")
-    """, env={"TUNEFORGE_CACHE_DIR": str(cache_dir)}, timeout=300, check=False)
+    """, env={"TUNEFORGE_CACHE_DIR": str(cache_dir)}, timeout=120, check=False)
     assert proc.returncode == -signal.SIGSEGV, proc
     assert proc.stdout.split() == ["armed"]
 

@@ -15,7 +15,6 @@ volatile uintptr_t lo[SLOTS];
 volatile uintptr_t hi[SLOTS];
 volatile sig_atomic_t written[SLOTS];
 struct sigaction previous;
-bool installed = false;
 
 void on_fault(int sig, siginfo_t* info, void* context) {
     const uintptr_t at = (uintptr_t)info->si_addr;
@@ -27,6 +26,16 @@ void on_fault(int sig, siginfo_t* info, void* context) {
             return;  // the faulting write runs again, allowed now
         }
     }
+    // A handler that hands the fault back (as faulthandler does, once it has dumped the stack) would bring it
+    // straight back here: the second time the same address faults, the default action ends the process.
+    static volatile uintptr_t last_foreign = 0;
+    static volatile sig_atomic_t foreign_before = 0;
+    if (foreign_before && at == last_foreign) {
+        signal(sig, SIG_DFL);
+        return;
+    }
+    last_foreign = at;
+    foreign_before = 1;
     if (previous.sa_flags & SA_SIGINFO) {
         previous.sa_sigaction(sig, info, context);
     } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
@@ -37,17 +46,25 @@ void on_fault(int sig, siginfo_t* info, void* context) {
 }
 }  // namespace
 
-// Make [start, start + length) (whole pages) read-only and watch it as `slot`; 0 or an errno.
-extern "C" int tf_guard_arm(int slot, uintptr_t start, size_t length) {
-    if (slot < 0 || slot >= SLOTS || length == 0) return EINVAL;
-    if (!installed) {
+// Put the handler in, or back in front of one a library loaded since installed; 0 or an errno.
+extern "C" int tf_guard_install() {
+    struct sigaction current;
+    if (sigaction(SIGSEGV, nullptr, &current) != 0) return errno;
+    if (!(current.sa_flags & SA_SIGINFO) || current.sa_sigaction != on_fault) {
+        // First arming, or a library a choice loaded put its own handler in: ours goes (back) in front of it.
         struct sigaction action = {};
         action.sa_sigaction = on_fault;
         action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
         sigemptyset(&action.sa_mask);
         if (sigaction(SIGSEGV, &action, &previous) != 0) return errno;
-        installed = true;
     }
+    return 0;
+}
+
+// Make [start, start + length) (whole pages) read-only and watch it as `slot`; 0 or an errno.
+extern "C" int tf_guard_arm(int slot, uintptr_t start, size_t length) {
+    if (slot < 0 || slot >= SLOTS || length == 0) return EINVAL;
+    if (const int error = tf_guard_install()) return error;
     written[slot] = 0;
     lo[slot] = start;
     hi[slot] = start + length;

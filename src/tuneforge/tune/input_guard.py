@@ -113,6 +113,8 @@ class InputGuard:
     def restore(self, args: Sequence[Any], initial: Sequence[Any]) -> None:
         """verify.restore of every argument but the inputs the guard saw unchanged; the written ones are watched
         again once restored."""
+        if self._pages and _library is not None:
+            _library.tf_guard_install()  # a choice may have loaded a library with a SIGSEGV handler of its own
         kept = {i for i in self._pages if self.unchanged(i)}
         verify.restore(args, initial, [i for i in range(len(args)) if i not in kept])
         for i, (slot, start, end) in list(self._pages.items()):
