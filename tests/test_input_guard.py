@@ -33,7 +33,7 @@ def test_writes_from_python_native_code_and_threads_are_found_and_restored(cache
     proc = run_python(_SETUP + """
     assert sorted(guard._pages) == [0]  # the small input is compared as before
     assert guard.unchanged(0) and not guard.unchanged(1)
-    assert guard.changed(args, initial, [0, 1]) == [] and float(a.sum()) == float(initial[0].sum())  # reads work
+    assert guard.changed(args, initial) == [] and float(a.sum()) == float(initial[0].sum())  # reads work
 
     scribble = tuneforge.cpp.load(r'''
         #include <cstdint>
@@ -55,12 +55,12 @@ def test_writes_from_python_native_code_and_threads_are_found_and_restored(cache
     }
     for name, write in writes.items():
         write()
-        assert not guard.unchanged(0) and guard.changed(args, initial, [0, 1]) == [0], name
-        guard.restore(args, initial)
+        assert not guard.unchanged(0) and guard.changed(args, initial) == [0], name
+        guard.restore()
         assert np.array_equal(a, initial[0]) and guard.unchanged(0), name  # restored and watched again
     guard.close()
     a[7] = 3.0  # writable, not watched
-    assert not guard.unchanged(0) and guard.changed(args, initial, [0]) == [0]
+    assert not guard.unchanged(0) and guard.changed(args, initial) == [0]
     print("ok")
     """, env={"TUNEFORGE_CACHE_DIR": str(cache_dir)}, timeout=300)
     assert proc.stdout.split()[-1] == "ok", proc.stderr
@@ -70,10 +70,10 @@ def test_a_handler_a_library_installs_later_goes_behind_the_guard(cache_dir: Pat
     proc = run_python(_SETUP + """
     import faulthandler
     faulthandler.enable()  # a SIGSEGV handler of its own, installed after the guard's, as a choice's library might
-    guard.restore(args, initial)  # after each choice: the guard's handler goes back in front
+    guard.restore()  # after each choice: the guard's handler goes back in front
     a[n // 2] = 1.0
     assert not guard.unchanged(0)
-    guard.restore(args, initial)
+    guard.restore()
     assert np.array_equal(a, initial[0])
     print("ok")
     """, env={"TUNEFORGE_CACHE_DIR": str(cache_dir)}, timeout=300)
@@ -88,7 +88,7 @@ def test_other_faults_still_kill_the_process(cache_dir: Path, faulthandler: bool
     if {faulthandler}:
         import faulthandler
         faulthandler.enable()
-        guard.restore(args, initial)  # the guard's handler in front again
+        guard.restore()  # the guard's handler in front again
     assert guard._pages
     print("armed", flush=True)
     ctypes.string_at(0)  # a null read: not the guard's
@@ -103,8 +103,8 @@ def test_outside_a_benchmark_worker_nothing_is_watched() -> None:
     args = [a, np.zeros(3)]
     initial = verify.snapshot(args)
     guard = InputGuard(args, initial, [0])
-    assert not guard.unchanged(0) and guard.changed(args, initial, [0]) == []
+    assert not guard.unchanged(0) and guard.changed(args, initial) == []
     a[1_000_000] = 9.0  # no fault, no handler: compared as before
-    assert guard.changed(args, initial, [0]) == [0]
-    guard.restore(args, initial)
+    assert guard.changed(args, initial) == [0]
+    guard.restore()
     assert np.array_equal(a, initial[0])

@@ -75,6 +75,7 @@ class InputGuard:
 
     def __init__(self, args: Sequence[Any], initial: Sequence[Any], inputs: Sequence[int]) -> None:
         self._args, self._initial = list(args), list(initial)  # held: no armed page is freed under the guard
+        self._inputs = list(inputs)
         self._pages: dict[int, tuple[int, int, int]] = {}  # input index -> (slot, first page, end of the last)
         library = _helper() if _enabled and sys.platform.startswith("linux") and _large(args, inputs) else None
         if library is None:
@@ -105,18 +106,18 @@ class InputGuard:
         return (head == 0 or memcmp(address, saved, head) == 0) and \
             (tail == 0 or memcmp(end, saved + (end - address), tail) == 0)
 
-    def changed(self, args: Sequence[Any], initial: Sequence[Any], inputs: Sequence[int]) -> list[int]:
-        """verify.changed, without comparing the inputs the guard saw unchanged (`args` may be cuts of the
-        guarded arrays: an unchanged array has no changed cut)."""
-        return verify.changed(args, initial, [i for i in inputs if not self.unchanged(i)])
+    def changed(self, args: Sequence[Any], initial: Sequence[Any]) -> list[int]:
+        """verify.changed of the inputs, without comparing those the guard saw unchanged (`args` and `initial` may
+        be cuts of the guarded arrays and their snapshots: an unchanged array has no changed cut)."""
+        return verify.changed(args, initial, [i for i in self._inputs if not self.unchanged(i)])
 
-    def restore(self, args: Sequence[Any], initial: Sequence[Any]) -> None:
-        """verify.restore of every argument but the inputs the guard saw unchanged; the written ones are watched
-        again once restored."""
+    def restore(self) -> None:
+        """verify.restore of every argument from its snapshot but the inputs the guard saw unchanged; the written
+        ones are watched again once restored."""
         if self._pages and _library is not None:
             _library.tf_guard_install()  # a choice may have loaded a library with a SIGSEGV handler of its own
         kept = {i for i in self._pages if self.unchanged(i)}
-        verify.restore(args, initial, [i for i in range(len(args)) if i not in kept])
+        verify.restore(self._args, self._initial, [i for i in range(len(self._args)) if i not in kept])
         for i, (slot, start, end) in list(self._pages.items()):
             if i not in kept and _library is not None and _library.tf_guard_arm(slot, start, end - start) != 0:
                 self._release(i)

@@ -64,7 +64,7 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
         return []
     finally:
         trials.bench_s += time.perf_counter() - started
-        trials.guard.restore(args, trials.initial)
+        trials.guard.restore()
     timings = levelled(timings, rounds, statistic)
     fastest = min(range(len(tie)), key=lambda i: timings[i].stat(statistic))
     sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]

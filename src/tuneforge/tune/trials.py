@@ -106,14 +106,14 @@ class Trials:
                 reference.run(args)
                 self.sync()
                 self.reference_ns = time.perf_counter_ns() - started
-                self.reference_mutated = self.guard.changed(args, self.initial, self.inputs)
+                self.reference_mutated = self.guard.changed(args, self.initial)
                 self.expected.whole = verify.snapshot(args, self.job.outputs)  # only outputs are compared
         except Exception as exc:  # no choice is run then (see run_trials): nothing could check it
             self.reference_error = error_text(exc)
             if is_sticky_cuda_error(self.reference_error):
                 self.lost = self.reference_error
                 return
-        self.guard.restore(args, self.initial)
+        self.guard.restore()
         self._settle_reference()
 
     def _settle_reference(self) -> None:
@@ -131,7 +131,7 @@ class Trials:
         outputs = verify.snapshot(initial, self.job.outputs)
         self.reference.run([outputs[i] if i in self.job.outputs else a for i, a in enumerate(args)])
         self.sync()
-        verify.restore(args, initial, self.guard.changed(args, initial, self.inputs))
+        verify.restore(args, initial, self.guard.changed(args, initial))
         return outputs
 
     def problem(self, choice: Choice, whole: bool = False) -> tuple[list[Any], list[Any], int | None, float]:
@@ -165,7 +165,7 @@ class Trials:
             record = self._run(choice, started, budget_s, whole)
         except Exception as exc:
             if not is_sticky_cuda_error(error_text(exc)):
-                self.guard.restore(self.args, self.initial)
+                self.guard.restore()
                 raise
             # Surfaced in the checking or the copies after the run (CUDA reports errors late): still its own.
             tb = "".join(traceback.format_exception(exc)[-3:])
@@ -173,7 +173,7 @@ class Trials:
         if record.status == "runtime_error" and is_sticky_cuda_error(record.error):
             self.lost = record.error  # restoring the arguments would fail as well
             return record
-        self.guard.restore(self.args, self.initial)
+        self.guard.restore()
         return record
 
     def _run(self, choice: Choice, started: float, budget_s: float | None, whole: bool) -> Record:
@@ -197,7 +197,7 @@ class Trials:
                 self.verify_s += time.perf_counter() - started
                 tb = "".join(traceback.format_exception(exc)[-3:])
                 return make_record(self.job, choice, "runtime_error", error=f"{error_text(exc)}\n{tb}")
-            mutated = self.guard.changed(args, initial, self.inputs)
+            mutated = self.guard.changed(args, initial)
         info: dict[str, Any] = {}
         if mutated:
             info["mutates_inputs"] = mutated
@@ -283,7 +283,7 @@ class Trials:
             return screened
         finally:
             self.bench_s += time.perf_counter() - started
-            self.guard.restore(self.args, self.initial)
+            self.guard.restore()
         if budget_s is not None:
             return make_record(self.job, choice, "ok", timing=timing, info=screened.info)
         return self._timed(choice, timing, screened.info)
