@@ -206,6 +206,22 @@ def test_beta_zero_ignores_nan_in_out(kernels_dir: Path) -> None:
         assert np.isfinite(out).all(), choice.info
 
 
+def test_numpy_is_timed_as_the_dispatcher_calls_it() -> None:
+    from tuneforge.kernels.gemm.op import numpy_bound
+
+    a, b = operands(5, 6, 7, "float64", "contiguous")
+    (reference,) = [c for c in gemm_choices(Problem(5, 6, 7, "float64")) if c.is_extern]
+    out = np.full((5, 6), np.nan)
+    plain = reference.bound([a, b, 1.0, 0.0, None, out])
+    assert plain.func is np.matmul  # type: ignore[attr-defined]  # numpy.matmul itself, no Python frame between
+    plain()
+    np.testing.assert_allclose(out, a @ b)
+    bias, c0 = np.arange(6.0), np.ones((5, 6))
+    out = c0.copy()
+    numpy_bound([a, b, 2.0, 3.0, bias, out])()
+    np.testing.assert_allclose(out, expected(a, b, 2.0, 3.0, c0, bias))
+
+
 def test_gemm_op_tunes_then_dispatches(gemm_tuning: Path) -> None:
     a, b = operands(64, 48, 32, "float32", "contiguous")
     out = tuneforge.gemm(a, b)

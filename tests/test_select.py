@@ -80,6 +80,48 @@ def test_template_choice_can_win(tuning: Path) -> None:
     assert winner.name == "test_add_0" and out.tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
 
 
+def test_choices_are_timed_by_their_bound_call(tuning: Path) -> None:
+    # Each slow choice's `run` spends 8 ms around the work (a launcher's per-call sizes and strides, a library
+    # wrapper's checks) that its bound call does once: timed by the bound call, both beat a choice that takes 4 ms
+    # however it is called, and their times are the work's. Timed through `run`, both would lose to it.
+    slow_run = ExternChoice(k.add_slower, name="add_bound", bind=k.bind_add)
+    slow_launcher = k.BOUND_ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])[0]
+    choices = [ExternChoice(k.add_slow), slow_run, slow_launcher]
+    selection = select_detailed("add", choices, arrays(), out=np.empty(64))
+    records = selection.records
+    assert selection.choice.name in ("add_bound", "test_add_bound_0")
+    for choice in (slow_run, slow_launcher):
+        assert records[choice.hash_key].status == "ok"
+        assert records[choice.hash_key].median_ms < 2.0, records[choice.hash_key]
+    assert records[choices[0].hash_key].median_ms > 3.5
+    out = np.zeros(64)
+    slow_launcher.run([np.ones(64), np.ones(64), out])  # the launcher still serves calls: same result
+    assert out.tolist() == [2.0] * 64
+
+
+def test_bound_calls_of_each_kind_of_choice(tuning: Path) -> None:
+    from tuneforge.tune.choices import CallableChoice
+
+    a, b, out = np.arange(4.0), np.full(4, 2.0), np.zeros(4)
+    ExternChoice(k.add).bound([a, b, out])()  # takes `out`: called with it
+    assert out.tolist() == [2.0, 3.0, 4.0, 5.0]
+    out[...] = 0
+    ExternChoice(np.add, out=False).bound([a, b, out])()  # no `out`: its result is copied into the buffer
+    assert out.tolist() == [2.0, 3.0, 4.0, 5.0]
+    out[...] = 0
+    CallableChoice(k.add_configured, {"label": "x"}).bound([a, b, out])()
+    assert out.tolist() == [2.0, 3.0, 4.0, 5.0]
+    out[...] = 0
+    (template,) = k.ADD_TEMPLATE.choices([{"BODY": k.GOOD_BODY}])  # no binder: the launcher, bound
+    template.build().result()
+    template.bound([a, b, out])()
+    assert out.tolist() == [2.0, 3.0, 4.0, 5.0]
+    # what timing calls is no part of a choice's identity: its records stay its own
+    assert ExternChoice(k.add, bind=k.bind_add).hash_key == ExternChoice(k.add).hash_key
+    with pytest.raises(TypeError, match="bind must be callable"):
+        ExternChoice(k.add, bind="np.add")  # type: ignore[arg-type]
+
+
 def test_wrong_template_is_excluded(tuning: Path) -> None:
     choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.WRONG_BODY}])]
     selection = select_detailed("add", choices, arrays(), out=np.empty(64))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -126,3 +127,25 @@ class GatedBuild(CallableChoice):
 def add_configured(a: Any, b: Any, out: Any, label: str = "") -> None:
     np.add(a, b, out=out)
 
+
+
+def bind_add(args: Sequence[Any]) -> Callable[[], Any]:
+    """add on `args` (a, b, out), as a call of no arguments: what ExternChoice(..., bind=bind_add) is timed by."""
+    a, b, out = args
+    return functools.partial(np.add, a, b, out=out)
+
+
+def _launch_slowly(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
+    time.sleep(0.008)  # a launcher's per-call work that its binder does once
+    _launch(kernel, args, config)
+
+
+def _bind(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> Callable[[], Any]:
+    a, b, out = args
+    return functools.partial(kernel, a, b, out, a.size)
+
+
+# ADD_TEMPLATE's kernel with a slow launcher and a binder that is not: timing calls the binder's call
+BOUND_ADD_TEMPLATE = KernelTemplate("test_add_bound", ADD_SOURCE,
+                                    signature="void add_kernel(const double* a, const double* b, double* out, "
+                                              "int64_t n)", launcher=_launch_slowly, binder=_bind)

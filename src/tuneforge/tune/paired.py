@@ -8,7 +8,6 @@ on others, and ranked them by it; in alternating rounds it falls on all of them 
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import statistics
@@ -50,7 +49,7 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
     restore = trials.restored_for_timing(sorted({m for _, r in tie for m in r.info.get("mutates_inputs", [])}))
     typical = min(r.median_ms for _, r in tie if r.median_ms is not None)
     started = time.perf_counter()
-    runs = [functools.partial(choice.run, args) for choice, _ in tie]
+    runs = [choice.bound(args) for choice, _ in tie]
     try:
         if job.device == "cpu":
             timings, rounds = time_side_by_side(runs, lambda: verify.restore(args, trials.initial, restore),

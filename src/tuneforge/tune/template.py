@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from tuneforge.tune.template_space import TemplateSpace
 
 Launcher = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Any]
+# (kernel, args, config) -> the launcher's call on those arguments as a call of no arguments (Choice.bound)
+Binder = Callable[[Callable[..., Any], Sequence[Any], Mapping[str, Any]], Callable[[], Any]]
 Hook = Callable[[Mapping[str, Any], str], str]
 
 _registry: dict[str, tuple[str, str]] = {}  # template name -> (source, signature)
@@ -79,7 +81,8 @@ class KernelTemplate:
     or for ``language="python"`` the name of the entry function."""
 
     def __init__(self, name: str, source: str, *, signature: str, language: str = "cpp",
-                 launcher: Launcher | None = None, hooks: Mapping[str, Hook] | None = None,
+                 launcher: Launcher | None = None, binder: Binder | None = None,
+                 hooks: Mapping[str, Hook] | None = None,
                  runtime_params: Iterable[str] = (), flags: Sequence[str] = (), openmp: bool = False,
                  include_dirs: Sequence[str] = (), describe: Callable[[dict[str, Any]], str] | None = None,
                  sample_rows: Callable[[dict[str, Any], int, int], int] | None = None,
@@ -99,6 +102,9 @@ class KernelTemplate:
         self.signature = signature
         self.language = language
         self.launcher = launcher
+        # What timing calls: the launcher's work that depends only on the arguments done once (without one, the
+        # launcher itself each time)
+        self.binder = binder
         self.hooks = dict(hooks or {})
         self.runtime_params = frozenset(runtime_params)
         self.flags = tuple(flags)
@@ -384,3 +390,11 @@ class TemplateChoice(ConfiguredChoice):
         if self.template.launcher is not None:
             return self.template.launcher(kernel, args, self.config)
         return kernel(*args)
+
+    def bound(self, args: Sequence[Any]) -> Callable[[], Any]:
+        kernel = self.kernel()
+        if self.template.binder is not None:
+            return self.template.binder(kernel, args, self.config)
+        if self.template.launcher is not None:
+            return functools.partial(self.template.launcher, kernel, args, self.config)
+        return functools.partial(kernel, *args)

@@ -231,7 +231,7 @@ class Trials:
                 # second run was a quarter of that shape's cold tuning, and long runs vary little.
                 # a check shorter than the ramp (bench.RAMP_S) warmed the code, not the cores
                 ramp = not cold and checked_ns < RAMP_NS
-                timing = benchmark_cpu(lambda: choice.run(args), setup=setup, warmed=not cold and not ramp,
+                timing = benchmark_cpu(choice.bound(args), setup=setup, warmed=not cold and not ramp,
                                        warmup_s=RAMP_S if ramp else None,
                                        abandon_ms=None if abandon is None else abandon / factor,
                                        first_ns=checked_ns if counted else None,
@@ -240,7 +240,7 @@ class Trials:
                                        SAMPLE_REPEATS if factor != 1.0 else None)
             else:
                 warmup_s, min_repeats = gpu_screening(budget_s)
-                timing = benchmark_gpu(lambda: choice.run(args), setup=setup, device=self.job.device,
+                timing = benchmark_gpu(choice.bound(args), setup=setup, device=self.job.device,
                                        budget_s=budget_s, warmup_s=warmup_s, min_repeats=min_repeats)
             if budget_s is not None:
                 timing = dataclasses.replace(timing, method=timing.method + "+screened")
@@ -273,7 +273,7 @@ class Trials:
         args, initial, _, factor = self.problem(choice)  # where it was screened
         started = time.perf_counter()
         try:
-            run, setup = (lambda: choice.run(args)), (lambda: verify.restore(args, initial, restore))
+            run, setup = choice.bound(args), (lambda: verify.restore(args, initial, restore))
             timing = benchmark_cpu(run, setup=setup, budget_s=budget_s,
                                    min_repeats=None if budget_s is None else SCREEN_REPEATS) \
                 if self.job.device == "cpu" else benchmark_gpu(run, setup=setup, device=self.job.device)

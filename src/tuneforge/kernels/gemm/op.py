@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,15 @@ def numpy_call(alpha: float, beta: float, a: Any, b: Any, out: Any, bias: Any) -
         numpy_gemm(a, b, alpha, beta, bias, out)
 
 
+def numpy_bound(args: Sequence[Any]) -> Callable[[], Any]:
+    """numpy_gemm's call on a selection's arguments as the dispatcher makes it (numpy.matmul itself for a plain
+    product): what timing calls (Choice.bound)."""
+    a, b, alpha, beta, bias, out = args
+    if alpha == 1 and beta == 0 and bias is None:
+        return functools.partial(np.matmul, a, b, out=out)
+    return functools.partial(numpy_gemm, a, b, alpha, beta, bias, out)
+
+
 def op_name(beta: float, bias: Any) -> str:
     """Reading C (beta != 0) and adding a bias change the work, so each variant is tuned on its own."""
     return "gemm" + ("_beta" if beta != 0 else "") + ("_bias" if bias is not None else "")
@@ -86,7 +95,7 @@ def choices(problem: Problem, space: str = "default", library: str = "numpy",
     configs = list(exhaustive_space(problem)) if exhaustive else default_space(problem)
     few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
     reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
-                 else ExternChoice(numpy_gemm, name="numpy_matmul"))
+                 else ExternChoice(numpy_gemm, name="numpy_matmul", bind=numpy_bound))
     few_cols = few_cols_space(problem, cpu_info(), max_threads(), exhaustive)
     kernels = [*blocked.choices(configs), *few_rows_template(problem.m).choices(few_rows), *FEW_COLS.choices(few_cols)]
     if exhaustive:  # a search of the exhaustive space starts from the default space's picks

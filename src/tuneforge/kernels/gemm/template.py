@@ -57,10 +57,16 @@ def static_args(a: Any, b: Any, out: Any, config: Mapping[str, Any]) -> tuple[An
     return (m, n, k, *element_strides(a), *element_strides(b), *element_strides(out), *runtime_args(config))
 
 
+def bind(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> functools.partial[Any]:
+    """A compiled configuration's call on select()'s arguments (a, b, alpha, beta, bias, out), every argument
+    bound: what timing calls, as the op's prepared call and its dispatcher make it."""
+    a, b, alpha, beta, bias, out = args
+    return functools.partial(kernel, *static_args(a, b, out, config), float(alpha), float(beta), a, b, out, bias)
+
+
 def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
     """Call a compiled configuration with select()'s arguments: a, b, alpha, beta, bias, out."""
-    a, b, alpha, beta, bias, out = args
-    kernel(*static_args(a, b, out, config), float(alpha), float(beta), a, b, out, bias)
+    bind(kernel, args, config)()
 
 
 # Mode bits of a B packed ahead of the calls (kernel.cpp.j2's pack_b_whole): a call reads B packed whole (32), or
@@ -96,8 +102,8 @@ def _forget(key: int) -> None:
     _tuning_packs.pop(key, None)
 
 
-def launch_packed(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
-    """Call a compiled configuration with B packed whole (packed on its first call for this B, untimed after)."""
+def bind_packed(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> functools.partial[Any]:
+    """`bind` with B packed whole (packed on the first call for this B and layout, kept while B lives)."""
     a, b, alpha, beta, bias, out = args
     entry = _tuning_packs.get(id(b))
     if entry is None or entry[0]() is not b:
@@ -109,7 +115,12 @@ def launch_packed(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -
     if packed is None:
         packed = packs[layout] = pack_whole(kernel, b, config)
     *head, mode = static_args(a, b, out, config)
-    kernel(*head, mode | PREPACKED, float(alpha), float(beta), a, packed, out, bias)
+    return functools.partial(kernel, *head, mode | PREPACKED, float(alpha), float(beta), a, packed, out, bias)
+
+
+def launch_packed(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
+    """Call a compiled configuration with B packed whole (packed on its first call for this B, untimed after)."""
+    bind_packed(kernel, args, config)()
 
 
 def sample_rows(config: Mapping[str, Any], rows: int, total: int) -> int:
@@ -145,19 +156,19 @@ FLAGS = ("-ffp-contract=fast", "-pthread")
 # cpp.opt_level alone): patching cpp.opt_level changes nothing where these flags follow it.
 O2_FLAGS = (*FLAGS, "-O2")
 TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
-                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
                           runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
                           describe=describe, sample_rows=sample_rows)
 
 # The same kernels, called with B packed whole ahead of time (tuneforge.pack_b): the same builds serve both.
 PACKED = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
                         signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch_packed,
-                        runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
-                        describe=describe, sample_rows=sample_rows)
+                        binder=bind_packed, runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False,
+                        link_sources=POOL, describe=describe, sample_rows=sample_rows)
 
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
 SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
-                         signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                         signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
                          runtime_params=SMALL_M_RUNTIME_PARAMS, flags=FLAGS, openmp=False, link_sources=POOL,
                          describe=describe, sample_rows=sample_rows)
 # The same for one row (a GEMV), compiled at -O2 (after the -O of cpp.opt_level: it wins). There the kernel is bound
@@ -166,13 +177,13 @@ SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
 # compile (0.85 -> 0.40 s a kernel unit; a cold GEMV tuning's builds 1.75-1.85 -> 1.1-1.2 s of its 3.4). With
 # more rows it computes, and -O3 ran up to 20% faster (8x4096x4096 fp32): those keep SMALL_M.
 GEMV = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
-                      signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                      signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
                       runtime_params=SMALL_M_RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
                       describe=describe, sample_rows=sample_rows)
 
 # Few columns (N <= 8): dot products along K, B copied transposed. Same signature and launcher.
 FEW_COLS = KernelTemplate("tuneforge_gemm_few_cols", _source("few_cols.cpp.j2"),
-                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch,
+                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
                           runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
                           describe=describe, sample_rows=sample_rows)
 
