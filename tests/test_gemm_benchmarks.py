@@ -161,3 +161,20 @@ def test_mixed_benchmark_runs_a_tiny_case(tmp_path: Path) -> None:
     assert "mixed" in table[2] and "isolated" in table[2] and "load average" in result["load_after"]
     assert len([line for line in table if line.startswith("float32        16x24x32")]) == 3
     assert table[-1] == f"wrote {out}"
+
+
+def test_harness_times_each_kernel_beside_openblas_in_c(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "gemm_harness.py"), "--shape", "16x24x32", "--threads",
+                           "1", "--rounds", "3", "--repeats", "2", "--settle-ms", "0"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TUNEFORGE_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("1T numpy: ") and "unset" in lines[0] and lines[0].endswith("3 rounds of 2 calls")
+    assert lines[2].startswith("openblas ")
+    kernels = lines[3:]
+    assert kernels and all(line.startswith("tuneforge_gemm") and " t=1 " in line for line in kernels)
+    for line in kernels:  # time, GFLOP/s, ratio to OpenBLAS, rounds won
+        *_, micros, gflops, ratio, wins = line.split()
+        assert float(micros) > 0 and float(gflops) > 0 and float(ratio.rstrip("x")) > 0
+        assert wins.endswith("/3") and 0 <= int(wins.split("/")[0]) <= 3
