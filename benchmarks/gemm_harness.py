@@ -1,21 +1,24 @@
 """A shape's kernel configurations against OpenBLAS with no Python between the calls: for differences of a few percent.
 
     python benchmarks/gemm_harness.py --shape 512x512x512 [--dtype float32] [--threads 1 2] [--space default]
-                                      [--rounds 21] [--repeats 0] [--settle-ms 200]
+                                      [--rounds 21] [--repeats 0] [--settle-ms 200] [--blocking MC,KC,NC ...]
 
 `gemm.py` times tuneforge.gemm and numpy.matmul from Python: a call costs each side about a microsecond more, and
 on this host the speed of either moves by 5-10% from one second to the next, so two kernels 3% apart are not told
 apart there. Here every kernel configuration of the shape's space (the candidates a tuning of that shape times,
-compiled by tuneforge and called by their C addresses, with the arguments the op's prepared call passes) and
-OpenBLAS's cblas_?gemm (numpy's own library, as threadpoolctl finds it) run from one C loop, in interleaved rounds:
-each round visits every variant, in reverse order every other round, and times a burst of calls after an untimed
-one. A variant's time is the median of its bursts' medians; its ratio is the median over rounds of OpenBLAS's burst
-median over its own (> 1: faster than OpenBLAS), and "wins" counts the rounds where it was faster (a sign test:
-15 of 21 or more is a 1-in-25 chance for two equal variants). Before each burst the loop sleeps --settle-ms:
-OpenBLAS's threads spin for ~0.1 s after a call and would take a core from a two-thread kernel timed next.
+compiled by tuneforge and called by their C addresses, with the arguments the op's prepared call passes; with
+--blocking, the blocked ones again with other blockings) and OpenBLAS's cblas_?gemm (numpy's own library, as
+threadpoolctl finds it) run from one C loop, in interleaved rounds: each round visits every variant, in reverse
+order every other round, and times a burst of calls after 5 ms of untimed ones. A variant's time is the median of
+its bursts' medians; its ratio is the median over rounds of OpenBLAS's burst median over its own (> 1: faster than
+OpenBLAS), and "wins" counts the rounds where it was faster (a sign test: 15 of 21 or more is a 1-in-25 chance for
+two equal variants). Before each burst the loop sleeps --settle-ms: OpenBLAS's threads spin for ~0.1 s after a
+call and would take a core from a two-thread kernel timed next.
 
-Each thread count runs in a child with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset, every library's threads
-set); the table names OpenBLAS's core type. Nothing is written: it is a tool for kernel work, not a target's check.
+Each thread count runs in a child with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset, every library's
+threads set); the table names OpenBLAS's core type. OpenBLAS is called directly: numpy.matmul's own cost per call
+(2-4 us here, a third of a 64^3 product) is in gemm.py's figures, not in these. Nothing is written: it is a tool
+for kernel work, not a target's check.
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ extern "C" void harness(int64_t n, const int64_t* kinds, const uint64_t* fns, co
                 const timespec pause{settle_ns / 1000000000, settle_ns % 1000000000};
                 nanosleep(&pause, nullptr);
             }
-            call(kinds[v], fns[v], args + 14 * v, a, b, c);
+            // untimed calls for 5 ms (one at least): a core left idle through the pause comes back to speed over
+            // a few milliseconds, and a burst of small calls would be timed on the way up
+            for (const double warm = now() + 0.005; now() < warm;) call(kinds[v], fns[v], args + 14 * v, a, b, c);
             for (int64_t i = 0; i < repeats; ++i) {
                 const double started = now();
                 call(kinds[v], fns[v], args + 14 * v, a, b, c);
@@ -86,6 +91,17 @@ extern "C" void harness(int64_t n, const int64_t* kinds, const uint64_t* fns, co
     }
 }
 """
+
+
+def parse_blocking(text: str) -> tuple[int, int, int]:
+    try:
+        mc, kc, nc = (int(size) for size in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"blocking {text!r} is not MC,KC,NC (three integers, as in 132,256,128)") \
+            from None
+    if min(mc, kc, nc) < 1:
+        raise argparse.ArgumentTypeError(f"blocking {text!r}: MC, KC and NC must be positive")
+    return mc, kc, nc
 
 
 def openblas_gemm(dtype: str) -> int:
@@ -103,15 +119,15 @@ def openblas_gemm(dtype: str) -> int:
     raise SystemExit("numpy's OpenBLAS was not found (threadpoolctl lists no openblas library)")
 
 
-def child(shape: tuple[int, int, int], dtype: str, space: str, rounds: int, repeats: int,
-          settle_ms: float) -> dict[str, Any]:
+def child(shape: tuple[int, int, int], dtype: str, space: str, rounds: int, repeats: int, settle_ms: float,
+          blockings: list[tuple[int, int, int]]) -> dict[str, Any]:
     import numpy as np
 
     import tuneforge
     from tuneforge.compile.pool import default_pool
     from tuneforge.kernels.gemm import Problem, dispatch
     from tuneforge.kernels.gemm import choices as gemm_choices
-    from tuneforge.kernels.gemm.template import static_args
+    from tuneforge.kernels.gemm.template import TEMPLATE, static_args
     from tuneforge.tune.template import TemplateChoice
 
     m, n, k = shape
@@ -121,6 +137,11 @@ def child(shape: tuple[int, int, int], dtype: str, space: str, rounds: int, repe
     c = np.empty((m, n), dtype=dtype)
     kernels = [choice for choice in gemm_choices(Problem(m, n, k, dtype), space)
                if isinstance(choice, TemplateChoice)]
+    blocked = [choice for choice in kernels if choice.template is TEMPLATE]
+    for mc, kc, nc in blockings:  # each blocked configuration again with this blocking (run-time: no new build)
+        kernels += TEMPLATE.choices([{**choice.config, "MC": mc, "KC": kc, "NC": nc} for choice in blocked])
+    seen: set[str] = set()
+    kernels = [choice for choice in kernels if not (choice.hash_key in seen or seen.add(choice.hash_key))]
     pool = default_pool()
     pool.wait([choice.build(pool) for choice in kernels])
     names, kinds, fns, args = ["openblas"], [1 if dtype == "float32" else 2], [openblas_gemm(dtype)], \
@@ -175,19 +196,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--repeats", type=int, default=0, help="timed calls a burst (0: about 20 ms of them)")
     parser.add_argument("--settle-ms", type=float, default=200.0)
+    parser.add_argument("--blocking", type=parse_blocking, nargs="+", default=[],
+                        help="MC,KC,NC: every blocked configuration again with this blocking too")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1 or args.repeats < 0 or args.settle_ms < 0:
         parser.error("--rounds must be at least 1, --repeats and --settle-ms at least 0")
     if args.child is not None:
-        print(json.dumps(child(args.shape, args.dtype, args.space, args.rounds, args.repeats, args.settle_ms)))
+        print(json.dumps(child(args.shape, args.dtype, args.space, args.rounds, args.repeats, args.settle_ms,
+                               args.blocking)))
         return
     for threads in args.threads:
         with tempfile.TemporaryDirectory(prefix="tuneforge-gemm-harness-") as cache:
             env = child_env(threads, "auto", {"TUNEFORGE_CACHE_DIR": cache})
             command = [sys.executable, __file__, "--child", str(threads), "--shape", shape_text(args.shape),
                        "--dtype", args.dtype, "--space", args.space, "--rounds", str(args.rounds),
-                       "--repeats", str(args.repeats), "--settle-ms", str(args.settle_ms)]
+                       "--repeats", str(args.repeats), "--settle-ms", str(args.settle_ms),
+                       *(["--blocking", *(",".join(map(str, b)) for b in args.blocking)] if args.blocking else [])]
             proc = subprocess.run(command, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr)
