@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from blas_env import blas_report, child_env, load_note
+from cli_args import three_sizes
 from common import round_verdict, write_results
 from roofline import attainable_gflops, measure_peak, measure_read_bandwidth, operand_bytes
 
@@ -78,11 +79,7 @@ def default_shapes(dtype: str, shapes: list[Shape]) -> list[Shape]:
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        m, n, k = (int(size) for size in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxNxK (three integers, as in 512x512x512)") from None
-    return m, n, k
+    return three_sizes(text, "x", "M, N and K", "512x512x512")
 
 
 def add_case_arguments(parser: argparse.ArgumentParser) -> None:

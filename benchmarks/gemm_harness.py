@@ -32,6 +32,7 @@ import tempfile
 from typing import Any
 
 from blas_env import blas_report, child_env
+from cli_args import three_sizes
 from gemm import parse_shape, shape_text
 
 HARNESS_SOURCE = r"""
@@ -94,14 +95,7 @@ extern "C" void harness(int64_t n, const int64_t* kinds, const uint64_t* fns, co
 
 
 def parse_blocking(text: str) -> tuple[int, int, int]:
-    try:
-        mc, kc, nc = (int(size) for size in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"blocking {text!r} is not MC,KC,NC (three integers, as in 132,256,128)") \
-            from None
-    if min(mc, kc, nc) < 1:
-        raise argparse.ArgumentTypeError(f"blocking {text!r}: MC, KC and NC must be positive")
-    return mc, kc, nc
+    return three_sizes(text, ",", "MC, KC and NC", "132,256,128")
 
 
 def openblas_gemm(dtype: str) -> int:

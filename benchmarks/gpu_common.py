@@ -6,7 +6,6 @@ Importing this module imports no torch, so the tests run the pure parts on any m
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import cProfile
 import importlib
@@ -23,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from cli_args import three_sizes
 
 Shape = tuple[int, int, int]
 Row = dict[str, Any]
@@ -43,14 +44,7 @@ MODE = "max-autotune-no-cudagraphs"
 
 def parse_shape(text: str) -> Shape:
     """'MxNxK' -> (M, N, K), each a positive integer."""
-    try:
-        m, n, k = (int(size) for size in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxNxK (three integers, as in 4096x4096x4096)") \
-            from None
-    if min(m, n, k) < 1:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: M, N and K must be at least 1")
-    return m, n, k
+    return three_sizes(text, "x", "M, N and K", "4096x4096x4096")
 
 
 def shape_text(shape: Sequence[int]) -> str:
