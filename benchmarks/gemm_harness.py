@@ -171,13 +171,14 @@ def table(result: dict[str, Any], threads: int) -> str:
     lines = [f"{threads}T {result['blas']}; {len(rounds)} rounds of {result['bursts']} calls",
              f"{'variant':<70} {'us':>9} {'GFLOP/s':>8} {'/openblas':>9} {'wins':>6}"]
     for v, name in enumerate(result["names"]):
-        times = [r[v] for r in rounds]
-        ratio = statistics.median(r[0] / r[v] for r in rounds)
-        wins = sum(r[v] < r[0] for r in rounds)
-        median = statistics.median(times)
-        lines.append(f"{name[:70]:<70} {median * 1e6:9.1f} {result['flops'] / median / 1e9:8.1f} {ratio:8.3f}x "
-                     f"{wins:>3}/{len(rounds)}" if v else
-                     f"{name:<70} {median * 1e6:9.1f} {result['flops'] / median / 1e9:8.1f} {'1':>8}x {'':>6}")
+        median = statistics.median(r[v] for r in rounds)
+        row = f"{name[:70]:<70} {median * 1e6:9.1f} {result['flops'] / median / 1e9:8.1f}"
+        if v:  # against OpenBLAS, variant 0: the median of the rounds' ratios, and the rounds won
+            ratio = statistics.median(r[0] / r[v] for r in rounds)
+            row += f" {ratio:8.3f}x {sum(r[v] < r[0] for r in rounds):>3}/{len(rounds)}"
+        else:
+            row += f" {'1':>8}x"
+        lines.append(row)
     return "\n".join(lines)
 
 
