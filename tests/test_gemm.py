@@ -23,12 +23,13 @@ from tuneforge.kernels.gemm.space import (
     FEW_COLS_MAX,
     FEW_COLS_ROWS,
     SMALL_M_MAX,
+    describe,
     few_cols_space,
     padding,
     register_tiles,
     small_m_space,
 )
-from tuneforge.kernels.gemm.template import FEW_COLS, SMALL_M, TEMPLATE, launch
+from tuneforge.kernels.gemm.template import FEW_COLS, NO_AHEAD, SMALL_M, TEMPLATE, launch, runtime_args
 from tuneforge.tune.template import TemplateChoice
 
 from .conftest import run_python
@@ -381,6 +382,33 @@ def test_mid_size_problems_also_try_b_unpacked() -> None:
 
     assert packs((96, 1000, 300)) == {(1, 1), (0, 0), (1, 0)}  # below 2 x 512^3 flops
     assert packs((1024, 1024, 1024)) == {(1, 1)}  # ample work: B is reused by many M blocks
+
+
+def test_few_rows_take_the_tiles_that_pad_least() -> None:
+    avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
+    avx2 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "fma"))
+
+    def tiles(cpu: Any, shape: tuple[int, int, int]) -> set[tuple[int, int]]:
+        with config.patch(kernel_isa="auto"):
+            return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, "float32"), cpu, threads=2)}
+
+    assert tiles(avx512, (32, 4096, 4096)) == {(8, 3), (4, 4)}  # 14x2 vectors, the first tile, pad 32 rows to 42
+    assert tiles(avx512, (17, 2048, 2048)) == {(6, 4), (4, 4)}  # 18 and 20 rows
+    assert tiles(avx2, (20, 4096, 4096)) == {(4, 3), (6, 2)}
+
+
+def test_b_streamed_from_memory_is_also_tried_without_prefetching_ahead() -> None:
+    configs = default_space(Problem(32, 4096, 4096, "float32"), threads=2)
+    twins = [c for c in configs if c.get("AHEAD") == 0]
+    assert twins and all(c["PACK_B"] for c in twins)
+    for twin in twins:
+        other = {k: v for k, v in twin.items() if k != "AHEAD"}
+        assert other in configs  # the same configuration, prefetching
+        assert runtime_args(twin)[-1] == runtime_args(other)[-1] | NO_AHEAD
+        assert TEMPLATE.render(twin) == TEMPLATE.render(other)  # one build serves both
+        assert describe(twin).endswith(" no-ahead") and "ahead" not in describe(other)
+    assert (0, 0) not in {(c["PACK_A"], c["PACK_B"]) for c in configs}  # unpacked B: read from memory per pass
+    assert not any("AHEAD" in c for c in default_space(Problem(512, 4096, 4096, "float32"), threads=2))
 
 
 def test_kernel_isa_setting_caps_the_vector_width() -> None:

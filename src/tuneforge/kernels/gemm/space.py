@@ -102,7 +102,7 @@ def describe(config_: dict[str, Any]) -> str:
         "B" if config_["PACK_B"] else "-"
     return (f"{isa} {config_['MR']}x{config_['NV']}v pack={packs} u{config_['UNROLL']} {config_['LOOP']} "
             f"MC={config_['MC']} KC={config_['KC']} NC={config_['NC']} t={config_['threads']}"
-            f"{'/cols' if config_['par'] else ''}")
+            f"{'/cols' if config_['par'] else ''}{' no-ahead' if config_.get('AHEAD', 1) == 0 else ''}")
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -222,7 +222,11 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         least = padding(p, *chosen_tiles[0], widest)
         chosen_tiles = [t for t in chosen_tiles if padding(p, t[0], t[1], widest) <= least + 0.2]
     if skinny_m:  # a tall register tile would mostly multiply zero padding
-        chosen_tiles = [t for t in tiles if t[0] <= max(p.m, 4)][:2] or tiles[-2:]
+        # The tiles that pad least (in steps of a tenth, the list's order within a step). 32x4096x4096 fp32,
+        # AVX-512 (Zen 4), 2 threads: 14x2 vectors (32 rows padded to 42) ran at 0.75x 8x3 and 4x4 (no padding).
+        fitting = [t for t in tiles if t[0] <= max(p.m, 4)]
+        fitting.sort(key=lambda tile: int(padding(p, tile[0], tile[1], widest) * 10))
+        chosen_tiles = fitting[:2] or tiles[-2:]
     configs = []
     # Too few rows to share, or few enough and a B read from memory: the threads split the columns. There each thread
     # packs its own columns' blocks with no wait between them (kernel.cpp.j2's columns_chunk); 4096x4096 B fp32,
@@ -230,9 +234,17 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     # against 51-56, 256 77 against 89-97. With B in cache the rows split held its own (96x1000x300, 200x2000x500,
     # 256x1024x1024: 0.9-1.2x the columns split).
     split_columns = streams_b(p)
+    if split_columns:
+        # Packed B's next block prefetched while this one is computed (kernel.cpp.j2's Ahead) paid 1.2-1.4x on a Zen 3
+        # and cost 5-15% on a Zen 4 (32x4096x4096, both dtypes, 1 and 2 threads): each packed configuration is also
+        # tried without it. In place of the unpacked B, there read from memory by every pass over A's rows: it never
+        # won on the Zen 4 (fp32 2 threads 9.5-11.8 ms against the best 8.3; fp64 24-34 against 19).
+        packs = [pack for pack in packs if pack != (0, 0)]
     for (mr, nv), (pa, pb), t in itertools.product(chosen_tiles, packs, thread_options):
         par = 1 if t > 1 and (p.m < t * 4 * mr or split_columns) else 0
         configs.append(_config(p, widest, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu))
+        if split_columns and pb and (mr, nv) in chosen_tiles[:2]:
+            configs.append({**configs[-1], "AHEAD": 0})
     # Second opinions on blocking (a shallower KC: half the A sliver in L1, twice the passes over C) and on
     # the parallel loop.
     mr, nv = chosen_tiles[0]

@@ -14,7 +14,7 @@ from tuneforge.tune.template import KernelTemplate
 # Parameters that are run-time arguments of the compiled kernel: configurations that differ only
 # in them share one artifact. Packing is decided outside the inner loops, so it costs nothing there
 # to leave it to run time, and a cold tuning compiles one kernel per register tile instead of three.
-RUNTIME_PARAMS = ("MC", "KC", "NC", "threads", "par", "PACK_A", "PACK_B")
+RUNTIME_PARAMS = ("MC", "KC", "NC", "threads", "par", "PACK_A", "PACK_B", "AHEAD")
 # The few-rows kernel's prefetch distance and stream layout are run-time arguments too: a cold GEMV tuning built
 # four kernels (~0.8 s each on 2 cores) for four (KU, PF, FAR) streams; it now builds one per KU.
 SMALL_M_RUNTIME_PARAMS = (*RUNTIME_PARAMS, "PF", "FAR")
@@ -41,11 +41,18 @@ def element_strides(arr: Any) -> tuple[int, int]:
     return arr.strides[0] // item, arr.strides[1] // item
 
 
+# Mode bit: never prefetch B's next block while computing this one (kernel.cpp.j2's Ahead; the kernel decides where it
+# may pay, from M and the size of B, and a configuration with AHEAD = 0 turns it off: it paid 1.2-1.4x on a Zen 3 and
+# cost 5-15% on a Zen 4). The results are the same.
+NO_AHEAD = 128
+
+
 def runtime_args(config: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
     """A configuration's run-time arguments: MC, KC, NC, threads and the mode bits (1: the other parallel
-    loop, `par`; 2: pack A; 4: pack B). The few-rows kernel ("MMAX" in the configuration) takes MC = 0, its
-    prefetch distance PF in KC's place and FAR as mode bit 8."""
+    loop, `par`; 2: pack A; 4: pack B; NO_AHEAD: AHEAD = 0). The few-rows kernel ("MMAX" in the configuration)
+    takes MC = 0, its prefetch distance PF in KC's place and FAR as mode bit 8."""
     mode = int(config["par"]) | (2 if config.get("PACK_A") else 0) | (4 if config.get("PACK_B") else 0)
+    mode |= NO_AHEAD if config.get("AHEAD", 1) == 0 else 0
     if "MMAX" in config:
         return 0, int(config["PF"]), config["NC"], config["threads"], mode | (8 if config["FAR"] else 0)
     return config["MC"], config["KC"], config["NC"], config["threads"], mode
@@ -72,9 +79,6 @@ def launch(kernel: Any, args: Sequence[Any], config: Mapping[str, Any]) -> None:
 # Mode bits of a B packed ahead of the calls (kernel.cpp.j2's pack_b_whole): a call reads B packed whole (32), or
 # makes no product and packs B whole into c (64).
 PREPACKED, PACK_ONLY = 32, 64
-# Mode bit: never prefetch B's next block while computing this one (kernel.cpp.j2's Ahead; the kernel decides where it
-# pays, from M and the size of B). For comparisons of the two: the results are the same.
-NO_AHEAD = 128
 
 
 def pack_layout(config: Mapping[str, Any], itemsize: int) -> tuple[int, int]:
