@@ -96,6 +96,13 @@ def test_every_default_config_matches_numpy_on_odd_shapes(kernels_dir: Path, sha
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_sliver_of_b_over_deep_k_blocks(kernels_dir: Path, dtype: str) -> None:
+    # 29 columns: one sliver for the chosen tiles, so KC is B's sliver in half of L2 (2048 doubles with 1 MiB):
+    # K = 4100 is two or three k-blocks, the last one short, C read back between them
+    assert check_all_configs(203, 29, 4100, dtype, "contiguous", alpha=0.5, beta=-1.5, with_bias=True) >= 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_blocked_tiles_on_fewer_columns_than_two_vectors(kernels_dir: Path, dtype: str) -> None:
     # The default space leaves such shapes to the few-columns kernel; the exhaustive one still has the blocked
     # kernel's edges there: each register tile, packed and not, on both parallel loops.
@@ -384,17 +391,30 @@ def test_mid_size_problems_also_try_b_unpacked() -> None:
     assert packs((1024, 1024, 1024)) == {(1, 1)}  # ample work: B is reused by many M blocks
 
 
-def test_few_rows_take_the_tiles_that_pad_least() -> None:
+def test_few_rows_or_columns_take_the_tiles_that_pad_least() -> None:
     avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
     avx2 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "fma"))
 
-    def tiles(cpu: Any, shape: tuple[int, int, int]) -> set[tuple[int, int]]:
+    def tiles(cpu: Any, shape: tuple[int, int, int], dtype: str = "float32") -> set[tuple[int, int]]:
         with config.patch(kernel_isa="auto"):
-            return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, "float32"), cpu, threads=2)}
+            return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, dtype), cpu, threads=2)}
 
     assert tiles(avx512, (32, 4096, 4096)) == {(8, 3), (4, 4)}  # 14x2 vectors, the first tile, pad 32 rows to 42
     assert tiles(avx512, (17, 2048, 2048)) == {(6, 4), (4, 4)}  # 18 and 20 rows
     assert tiles(avx2, (20, 4096, 4096)) == {(4, 3), (6, 2)}
+    # Where B is one sliver for some tile, the tiles that take it in one: 14x2 vectors of fp64 take 32 columns in two
+    assert tiles(avx512, (4096, 32, 4096), "float64") == {(6, 4), (4, 4)}
+    assert tiles(avx512, (4096, 32, 4096)) == {(14, 2), (12, 2)}  # 6x4 would pad fp32's 32 columns to 64
+
+
+def test_one_sliver_of_b_takes_a_deep_k_block() -> None:
+    from tuneforge.kernels.gemm.space import blocking
+
+    avx512 = dataclasses.replace(cpu_info(), arch="x86_64", isa=("avx2", "avx512f", "fma"))
+    one_sliver = blocking(Problem(4096, 32, 4096, "float32"), 64, 14, 2, avx512)["KC"]
+    many = blocking(Problem(4096, 1024, 4096, "float32"), 64, 14, 2, avx512)["KC"]
+    assert one_sliver >= 4 * many  # B's sliver in half of L2, not A's in L1: each A sliver is used once
+    assert blocking(Problem(4096, 33, 4096, "float32"), 64, 14, 2, avx512)["KC"] == many  # two slivers
 
 
 def test_b_streamed_from_memory_is_also_tried_without_prefetching_ahead() -> None:

@@ -129,6 +129,11 @@ def blocking(p: Problem, vec_bytes: int, mr: int, nv: int, cpu: CpuInfo, kc_scal
     l1 = cpu.caches().get("L1d", 32 * 1024)
     l2 = cpu.caches().get("L2", 512 * 1024)
     kc = _balanced(p.k, max(32, min(1024, int(l1 * 0.6 * kc_scale / (mr * s)))), 8)
+    if p.n <= nr:
+        # B is one sliver: each A sliver is used once, and L1 keeps nothing for a second use. KC as deep as B's
+        # sliver in half of L2: fewer passes over C, longer runs of each row of A. 4096x32x4096 (AVX-512, Zen 4,
+        # A unpacked, 2 threads): fp32 14x2 vectors KC 344 7.3 ms, 4096 6.6; fp64 6x4 KC 1024 10.4, 4096 10.0.
+        kc = _balanced(p.k, max(32, int(l2 * 0.5 * kc_scale / (nr * s))), 8)
     half_l2 = int(l2 * 0.5 / (kc * s))  # rows or columns of a KC-deep block that fill half of L2
     nc = _balanced(p.n, half_l2, nr)
     mc = _balanced(p.m, half_l2, mr, threads)
@@ -221,11 +226,16 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         # tuning (4.0 s)
         least = padding(p, *chosen_tiles[0], widest)
         chosen_tiles = [t for t in chosen_tiles if padding(p, t[0], t[1], widest) <= least + 0.2]
-    if skinny_m:  # a tall register tile would mostly multiply zero padding
-        # The tiles that pad least (in steps of a tenth, the list's order within a step). 32x4096x4096 fp32,
-        # AVX-512 (Zen 4), 2 threads: 14x2 vectors (32 rows padded to 42) ran at 0.75x 8x3 and 4x4 (no padding).
+    def slivers(tile: tuple[int, int]) -> int:
+        return -(-p.n // (tile[1] * widest // p.itemsize))
+
+    narrow = not small and min(slivers(tile) for tile in tiles) == 1
+    if skinny_m or narrow:  # a tall (wide) register tile would mostly multiply zero padding
+        # The tiles that pad least (in steps of a tenth), B in the fewest slivers where it is narrow, then the list's
+        # order. AVX-512, Zen 4, 2 threads: 32x4096x4096 fp32, 14x2 vectors (32 rows padded to 42) ran at 0.75x 8x3
+        # and 4x4 (no padding); 4096x32x4096 fp64, 14x2 (two slivers of 16) 13.6 ms, 6x4 (one of 32) 10.0.
         fitting = [t for t in tiles if t[0] <= max(p.m, 4)]
-        fitting.sort(key=lambda tile: int(padding(p, tile[0], tile[1], widest) * 10))
+        fitting.sort(key=lambda tile: (int(padding(p, tile[0], tile[1], widest) * 10), slivers(tile) if narrow else 0))
         chosen_tiles = fitting[:2] or tiles[-2:]
     configs = []
     # Too few rows to share, or few enough and a B read from memory: the threads split the columns. There each thread
