@@ -251,9 +251,10 @@ def test_a_node_killed_mid_run_costs_only_its_job_which_is_measured_elsewhere(cl
     cluster.add_worker("doomed")
     # Shapes no earlier test of the module tuned: with their records on the nodes a job can be a hit, measured
     # nowhere (waiting for the doomed node to measure, the test then failed in every run of the module, never alone).
-    # Twice as many jobs as nodes could take at once, and more: killed as its job ended with none left to take, the
-    # node lost nothing (a CI run on a loaded host, with 8).
-    ks = tuple(range(10, 10 + 4 * 16, 4))
+    # Many more jobs than nodes could take at once: killed as its job ended with none left to take, the node lost
+    # nothing (CI runs on a loaded host with 8 jobs, and on a faster one with 16: the doomed node, the last to start
+    # its actor, measured its first job when the others had taken the rest).
+    ks = tuple(range(10, 10 + 4 * 32, 4))
     # Long enough selections that the doomed node is in the middle of one when it is killed.
     env = {**os.environ, **driver_env(cluster, tmp_path / "driver", None, bench_s=0.3)}
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER.format(ks=ks)], env=env, text=True,
