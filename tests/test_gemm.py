@@ -405,6 +405,9 @@ def test_few_rows_or_columns_take_the_tiles_that_pad_least() -> None:
     # Where B is one sliver for some tile, the tiles that take it in one: 14x2 vectors of fp64 take 32 columns in two
     assert tiles(avx512, (4096, 32, 4096), "float64") == {(6, 4), (4, 4)}
     assert tiles(avx512, (4096, 32, 4096)) == {(14, 2), (12, 2)}  # 6x4 would pad fp32's 32 columns to 64
+    assert tiles(avx512, (4096, 64, 4096), "float64") == {(6, 4), (4, 4)}  # two slivers; 8x3 pads 64 to 72
+    assert tiles(avx512, (4096, 128, 4096)) == {(6, 4), (4, 4)}
+    assert (14, 2) in tiles(avx512, (4096, 129, 4096))  # three slivers of 6x4: the usual order
 
 
 def test_one_sliver_of_b_takes_a_deep_k_block() -> None:
@@ -429,6 +432,23 @@ def test_b_streamed_from_memory_is_also_tried_without_prefetching_ahead() -> Non
         assert describe(twin).endswith(" no-ahead") and "ahead" not in describe(other)
     assert (0, 0) not in {(c["PACK_A"], c["PACK_B"]) for c in configs}  # unpacked B: read from memory per pass
     assert not any("AHEAD" in c for c in default_space(Problem(512, 4096, 4096, "float32"), threads=2))
+
+
+def test_the_librarys_threads_are_in_its_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuneforge.kernels.gemm.space import blas_threads
+
+    def library_hash() -> str:
+        return gemm_choices(Problem(64, 64, 64, "float32"))[0].hash_key
+
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert blas_threads() == 3
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # OpenBLAS's own variable comes first
+    assert blas_threads() == 1
+    on_one = library_hash()
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert blas_threads() == 2 and library_hash() != on_one
 
 
 def test_kernel_isa_setting_caps_the_vector_width() -> None:

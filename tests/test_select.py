@@ -122,6 +122,20 @@ def test_bound_calls_of_each_kind_of_choice(tuning: Path) -> None:
         ExternChoice(k.add, bind="np.add")  # type: ignore[arg-type]
 
 
+def test_what_an_extern_choice_depends_on_is_its_identity_and_not_its_call(tuning: Path) -> None:
+    one, two = ExternChoice(k.add, depends={"threads": 1}), ExternChoice(k.add, depends={"threads": 2})
+    assert one.hash_key != two.hash_key  # a record timed on one thread does not answer for two
+    assert ExternChoice(k.add, depends={}).hash_key == ExternChoice(k.add).hash_key
+    a, b, out = np.arange(4.0), np.full(4, 2.0), np.zeros(4)
+    two.bound([a, b, out])()  # k.add takes no `threads`: depends is not passed to it
+    assert out.tolist() == [2.0, 3.0, 4.0, 5.0]
+    slower = ExternChoice(k.add_slower)
+    first = select_detailed("add", [one, slower], arrays(), out=np.empty(64))
+    assert sorted(first.benchmarked) == ["add", "add_slower"]
+    again = select_detailed("add", [two, slower], arrays(), out=np.empty(64))
+    assert again.benchmarked == ["add"]  # measured anew, not answered by one's record (add_slower's is kept)
+
+
 def test_wrong_template_is_excluded(tuning: Path) -> None:
     choices = [ExternChoice(k.add_slower), *k.ADD_TEMPLATE.choices([{"BODY": k.WRONG_BODY}])]
     selection = select_detailed("add", choices, arrays(), out=np.empty(64))

@@ -140,12 +140,15 @@ class ExternChoice(Choice):
     copied into the output buffer. Its hash covers the name, the keyword arguments and the function's
     source where Python can see it. ``bind(args)``, where given, returns the call that timing makes instead
     (a call of no arguments with the same effect), for a library whose cheapest call differs from ``fn``'s.
+    ``depends`` names what else the call's speed depends on (the threads the library runs on, say): hashed,
+    so that a record timed under other conditions does not answer, and not passed to ``fn``.
     """
 
     is_extern = True
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None, *, out: bool | None = None,
-                 bind: Callable[[Sequence[Any]], Callable[[], Any]] | None = None, **kwargs: Any) -> None:
+                 bind: Callable[[Sequence[Any]], Callable[[], Any]] | None = None,
+                 depends: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         if not callable(fn):
             raise TypeError(f"ExternChoice needs a callable, got {fn!r}")
         if bind is not None and not callable(bind):
@@ -157,11 +160,15 @@ class ExternChoice(Choice):
         self.name = name or str(getattr(fn, "__name__", type(fn).__name__))
         self.kwargs = kwargs
         self.uses_out = _accepts_out(fn) if out is None else out
-        self._hash = "ext" + key_hash({
+        self.depends = dict(depends or {})
+        identity = {
             "name": self.name, "module": getattr(fn, "__module__", None),
             "qualname": getattr(fn, "__qualname__", None),
             "kwargs": {k: key_value(v) for k, v in sorted(kwargs.items())},
-            "source": _source_hash(fn)})
+            "source": _source_hash(fn)}
+        if self.depends:  # only then: the hashes of choices without it stay as they were
+            identity["depends"] = {k: key_value(v) for k, v in sorted(self.depends.items())}
+        self._hash = "ext" + key_hash(identity)
 
     @property
     def hash_key(self) -> str:

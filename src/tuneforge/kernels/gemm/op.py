@@ -22,6 +22,7 @@ from tuneforge.kernels.gemm import dispatch, torch_cpu
 from tuneforge.kernels.gemm.space import (
     C_TYPES,
     Problem,
+    blas_threads,
     default_space,
     exhaustive_space,
     few_cols_space,
@@ -94,8 +95,11 @@ def choices(problem: Problem, space: str = "default", library: str = "numpy",
     exhaustive = space == "exhaustive"
     configs = list(exhaustive_space(problem)) if exhaustive else default_space(problem)
     few_rows = small_m_space(problem, cpu_info(), max_threads(), exhaustive)
-    reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul") if library == "torch"
-                 else ExternChoice(numpy_gemm, name="numpy_matmul", bind=numpy_bound))
+    # The library's threads are in its identity: its record from a process with other threads must not answer
+    # (one timed on one thread, 46 ms at 4096x128x4096 fp32, met kernels timed on two, 21 ms, and lost to them).
+    reference = (ExternChoice(torch_cpu.torch_gemm, name="torch_matmul", depends={"threads": torch_cpu.threads()})
+                 if library == "torch" else
+                 ExternChoice(numpy_gemm, name="numpy_matmul", bind=numpy_bound, depends={"threads": blas_threads()}))
     few_cols = few_cols_space(problem, cpu_info(), max_threads(), exhaustive)
     kernels = [*blocked.choices(configs), *few_rows_template(problem.m).choices(few_rows), *FEW_COLS.choices(few_cols)]
     if exhaustive:  # a search of the exhaustive space starts from the default space's picks

@@ -88,6 +88,20 @@ def max_threads() -> int:
         return os.cpu_count() or 1
 
 
+def blas_threads() -> int:
+    """The threads numpy's OpenBLAS runs on, as its environment sets them when it loads (OPENBLAS_NUM_THREADS, then
+    GOTO_NUM_THREADS, then OMP_NUM_THREADS; else every core this process may use). A change made later through
+    threadpoolctl is not seen."""
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def describe(config_: dict[str, Any]) -> str:
     """The AUTOTUNE table's info column: the tunables, compactly."""
     isa = {64: "avx512", 32: "avx2", 16: "sse/neon"}.get(config_["VEC_BYTES"], str(config_["VEC_BYTES"]))
@@ -217,6 +231,16 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     # (numpy: 350); its 1.2 MB of B is reused by only two M blocks.
     mid = p.flops < AMPLE_FLOPS
     packs = [(1, 1)] if not (small or mid or skinny_m or min(p.n, p.k) <= 64) else [(1, 1), (0, 0), (1, 0)]
+
+    def slivers(tile: tuple[int, int]) -> int:
+        return -(-p.n // (tile[1] * widest // p.itemsize))
+
+    narrow = not small and min(slivers(tile) for tile in tiles) <= 2
+    if narrow and len(packs) == 1:
+        # Each A sliver serves one or two slivers of B: packing it is a transposition for almost no reuse, and a
+        # narrow B is compact as it is. fp32 4096x128x4096 (AVX-512, Zen 4, 2 threads), 6x4 vectors: unpacked
+        # 20.8 ms, packed 23.2.
+        packs = [(1, 1), (0, 0)]
     thread_options = [1] if p.flops < SHARED_FLOPS or team == 1 else sorted({1, team}, reverse=True)
     if p.flops >= AMPLE_FLOPS:
         thread_options = [team]
@@ -226,16 +250,18 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         # tuning (4.0 s)
         least = padding(p, *chosen_tiles[0], widest)
         chosen_tiles = [t for t in chosen_tiles if padding(p, t[0], t[1], widest) <= least + 0.2]
-    def slivers(tile: tuple[int, int]) -> int:
-        return -(-p.n // (tile[1] * widest // p.itemsize))
-
-    narrow = not small and min(slivers(tile) for tile in tiles) == 1
     if skinny_m or narrow:  # a tall (wide) register tile would mostly multiply zero padding
         # The tiles that pad least (in steps of a tenth), B in the fewest slivers where it is narrow, then the list's
         # order. AVX-512, Zen 4, 2 threads: 32x4096x4096 fp32, 14x2 vectors (32 rows padded to 42) ran at 0.75x 8x3
-        # and 4x4 (no padding); 4096x32x4096 fp64, 14x2 (two slivers of 16) 13.6 ms, 6x4 (one of 32) 10.0.
-        fitting = [t for t in tiles if t[0] <= max(p.m, 4)]
-        fitting.sort(key=lambda tile: (int(padding(p, tile[0], tile[1], widest) * 10), slivers(tile) if narrow else 0))
+        # and 4x4 (no padding); 4096x32x4096 fp64, 14x2 (two slivers of 16) 13.6 ms, 6x4 (one of 32) 10.0; fp64
+        # 4096x64x4096, 8x3 (64 columns padded to 72) 30.4 ms, 6x4 (two slivers) 21.4; fp32 4096x128x4096, 14x2 28.7,
+        # 8x3 27.0, 6x4 20.8 (OpenBLAS 24.3).
+        def fit(tile: tuple[int, int]) -> tuple[int, int]:
+            return int(padding(p, tile[0], tile[1], widest) * 10), slivers(tile) if narrow else 0
+
+        fitting = sorted((t for t in tiles if t[0] <= max(p.m, 4)), key=fit)
+        if narrow:  # only the best fit: on AVX2, 12x1 vectors take 32 fp32 columns in four slivers, 6x2 in two
+            fitting = [t for t in fitting if fit(t) == fit(fitting[0])]
         chosen_tiles = fitting[:2] or tiles[-2:]
     configs = []
     # Too few rows to share, or few enough and a B read from memory: the threads split the columns. There each thread

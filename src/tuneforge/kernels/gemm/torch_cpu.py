@@ -19,6 +19,13 @@ def is_torch_cpu(value: Any) -> bool:
         and getattr(getattr(value, "device", None), "type", None) == "cpu"
 
 
+def threads() -> int:
+    """The threads torch's CPU ops run on (its intra-op pool)."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 def numpy_views(a: Any, b: Any, out: Any, bias: Any, beta: float) -> tuple[Any, Any, Any, Any, Any]:
     """(a, b, out, bias) as numpy arrays sharing the tensors' memory, and the out tensor (allocated when
     None); a ValueError or TypeError naming the argument for what the kernels cannot take."""
