@@ -460,7 +460,8 @@ def test_kernel_isa_setting_caps_the_vector_width() -> None:
         assert vector_widths(avx512) == [64, 32]
 
 
-@pytest.mark.parametrize("shape", [(128, 128, 128), (512, 512, 512), (8, 1024, 1024), (1, 3000, 3000)])
+@pytest.mark.parametrize("shape", [(128, 128, 128), (512, 512, 512), (8, 1024, 1024), (1, 3000, 3000), (32, 4096, 4096),
+                                   (4096, 64, 4096)])
 def test_a_search_of_the_exhaustive_space_starts_from_the_default_one(shape: tuple[int, int, int]) -> None:
     problem = Problem(*shape, "float32")
     marked = {json.dumps(c.params, sort_keys=True) for c in gemm_choices(problem, "exhaustive") if c.suggested}

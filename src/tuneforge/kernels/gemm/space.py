@@ -367,18 +367,22 @@ def few_cols_space(p: Problem, cpu: CpuInfo, team: int, exhaustive: bool = False
 def exhaustive_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = None) -> Iterator[dict[str, Any]]:
     """Every vector width the CPU runs, every register tile, packing, unrolling, loop order, three
     blockings, and 1..threads threads with both parallel loops (one thread only below AMPLE_FLOPS: from there
-    it lost in every configuration measured, and its timings were a third of a 512^3 search's)."""
+    it lost in every configuration measured, and its timings were a third of a 512^3 search's); where B streams
+    from memory, each packed-B configuration with and without the next block's prefetch (AHEAD)."""
     cpu = cpu or cpu_info()
     team = threads or max_threads()
     teams = [team] if p.flops >= AMPLE_FLOPS else sorted({1, team})
     seen = set()
+    aheads = (1, 0) if streams_b(p) else (1,)  # where the kernel would prefetch B's next block: also without
     for vec in vector_widths(cpu):
         for (mr, nv), (pa, pb), unroll, loop, scale, t in itertools.product(
                 register_tiles(vec, cpu, spilling=True), [(1, 1), (1, 0), (0, 1), (0, 0)], (1, 4, 8),
                 ("jr_ir", "ir_jr"), (0.5, 1.0, 2.0), teams):
-            for par in ((0, 1) if t > 1 else (0,)):
+            for par, ahead in itertools.product((0, 1) if t > 1 else (0,), aheads if pb else (1,)):
                 config = _config(p, vec, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu, unroll=unroll,
                                  loop=loop, kc_scale=scale)
+                if not ahead:
+                    config["AHEAD"] = 0
                 marker = tuple(sorted(config.items()))
                 if marker not in seen:
                     seen.add(marker)
