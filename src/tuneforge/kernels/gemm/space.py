@@ -236,11 +236,12 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         return -(-p.n // (tile[1] * widest // p.itemsize))
 
     narrow = not small and min(slivers(tile) for tile in tiles) <= 2
-    if narrow and len(packs) == 1:
+    if narrow:
         # Each A sliver serves one or two slivers of B: packing it is a transposition for almost no reuse, and a
         # narrow B is compact as it is. fp32 4096x128x4096 (AVX-512, Zen 4, 2 threads), 6x4 vectors: unpacked
-        # 20.8 ms, packed 23.2.
-        packs = [(1, 1), (0, 0)]
+        # 20.8 ms, packed 23.2; unpacked won every cold tuning of 4096x32x4096 and 4096x64x4096 (both dtypes, 3
+        # each). Packed stays as a hedge for the first tile only (below): each candidate is a tenth of a cold tuning.
+        packs = [(0, 0), (1, 1)]
     thread_options = [1] if p.flops < SHARED_FLOPS or team == 1 else sorted({1, team}, reverse=True)
     if p.flops >= AMPLE_FLOPS:
         thread_options = [team]
@@ -277,6 +278,8 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
         # won on the Zen 4 (fp32 2 threads 9.5-11.8 ms against the best 8.3; fp64 24-34 against 19).
         packs = [pack for pack in packs if pack != (0, 0)]
     for (mr, nv), (pa, pb), t in itertools.product(chosen_tiles, packs, thread_options):
+        if narrow and pa and (mr, nv) != chosen_tiles[0]:
+            continue
         par = 1 if t > 1 and (p.m < t * 4 * mr or split_columns) else 0
         configs.append(_config(p, widest, mr, nv, pack_a=pa, pack_b=pb, threads=t, par=par, cpu=cpu))
         if split_columns and pb and (mr, nv) in chosen_tiles[:2]:
