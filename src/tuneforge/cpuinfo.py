@@ -111,6 +111,14 @@ def cache_sizes() -> dict[str, int]:
     return sizes
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), or the machine's where that is unknown."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> CpuInfo:
     arch = platform.machine().lower()

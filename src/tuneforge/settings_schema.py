@@ -6,7 +6,6 @@ that adding a setting is a one-line change in one place.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,9 @@ class Setting:
 
 
 def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    from tuneforge.cpuinfo import usable_cores  # when the setting is read, not when settings are declared
+
+    return usable_cores()
 
 
 def _user_cache_dir() -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tuneforge import config
-from tuneforge.cpuinfo import CpuInfo, cpu_info
+from tuneforge.cpuinfo import CpuInfo, cpu_info, usable_cores
 from tuneforge.dataclass_lite import dataclass
 
 C_TYPES = {"float32": "float", "float64": "double"}
@@ -79,13 +79,7 @@ def tile_count(vec_bytes: int, cpu: CpuInfo) -> int:
 
 def max_threads() -> int:
     """Threads a kernel may use: the `kernel_threads` setting, else every core this process may use."""
-    configured = config.get_int("kernel_threads")
-    if configured:
-        return configured
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return config.get_int("kernel_threads") or usable_cores()
 
 
 def blas_threads() -> int:
@@ -96,10 +90,7 @@ def blas_threads() -> int:
         value = os.environ.get(name, "").split(",")[0].strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def describe(config_: dict[str, Any]) -> str:
