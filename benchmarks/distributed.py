@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.ray_cluster: the same cluster as the tests
 
-from tests.ray_cluster import RayCluster
+from tests.ray_cluster import RAY_TEST_ENV, RayCluster
 
 from common import write_results
 
@@ -123,6 +123,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="tuneforge-bench-ray-"))
     os.environ["TUNEFORGE_CACHE_DIR"] = str(root / "driver")
     os.environ["TUNEFORGE_AUTOTUNE_BENCH_TIME_S"] = "0.003"
+    os.environ.update(RAY_TEST_ENV)  # this process is the cluster's driver
     cluster = RayCluster(root / "nodes")
     try:
         local_s = local_pool(args.builds, cores)

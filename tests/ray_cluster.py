@@ -21,6 +21,9 @@ from pathlib import Path
 from .redis_server import free_port
 
 RAY = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+# For the cluster's nodes and its drivers. Without token authentication: where a ~/.ray/auth_token exists (any
+# ray.init on this machine writes one) Ray 2.60's head enables it and a worker node's `ray start` is refused.
+RAY_TEST_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def ray_processes(marker: str) -> list[int]:
@@ -62,7 +65,7 @@ class RayCluster:
         self.root = root
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env = {**os.environ, **(env or {}), **RAY_TEST_ENV}
         self.nodes: dict[str, list[int]] = {}  # name -> the pids its `ray start` left running
 
     def _start(self, name: str, args: list[str], cpus: int) -> None:

@@ -24,7 +24,7 @@ pytest.importorskip("ray", reason="tuneforge.distributed needs Ray (the distribu
 from tuneforge.store.records import RecordDB
 
 from .conftest import run_python
-from .ray_cluster import RAY, RayCluster
+from .ray_cluster import RAY, RAY_TEST_ENV, RayCluster
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(RAY is None, reason="the ray command is not installed")]
@@ -56,7 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
 
 def driver_env(cluster: RayCluster, cache: Path, redis_url: str | None, bench_s: float = 0.003) -> dict[str, str]:
     env = {"RAY_ADDRESS_FOR_TEST": cluster.address, "TUNEFORGE_CACHE_DIR": str(cache),
-           "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": str(bench_s), "RAY_USAGE_STATS_ENABLED": "0"}
+           "TUNEFORGE_AUTOTUNE_BENCH_TIME_S": str(bench_s), **RAY_TEST_ENV}
     if redis_url is not None:
         env.update(TUNEFORGE_REMOTE_URL=redis_url, TUNEFORGE_REMOTE_ALLOW_UNSIGNED="1")
     return env
@@ -125,6 +125,40 @@ def test_unknown_fingerprints_and_unreachable_clusters_are_named(cluster: RayClu
                          env={**os.environ, "TUNEFORGE_CACHE_DIR": str(tmp_path / "cli")})
     assert cli.returncode == 1 and "no Ray cluster answers at 127.0.0.1:1" in cli.stderr, cli.stderr
     assert "Traceback" not in cli.stderr and time.monotonic() - started < 60
+
+
+def test_the_actors_measure_with_the_drivers_thread_counts_not_rays(cluster: RayCluster, tmp_path: Path) -> None:
+    # Ray sets OMP_NUM_THREADS=1 in an actor that reserves no CPU: numpy's OpenBLAS would run one thread there, and
+    # its record, keyed by its thread count, would never answer a process of the driver's on that machine.
+    code = textwrap.dedent("""
+        import os
+        os.environ.pop("OMP_NUM_THREADS", None)
+        os.environ.pop("GOTO_NUM_THREADS", None)
+        os.environ["OPENBLAS_NUM_THREADS"] = "2"
+        from tuneforge.distributed import ShapeJob, tune_many
+        from tuneforge.kernels.gemm import Problem, choices
+
+        [result] = tune_many([ShapeJob("gemm", 16, 16, 16, "float32")], os.environ["RAY_ADDRESS_FOR_TEST"])
+        assert result.ok, result.error
+        numpy_record = next(r for r in result.records if r.choice_name == "numpy_matmul")
+        print("same numpy choice:", numpy_record.choice == choices(Problem(16, 16, 16, "float32"))[0].hash_key)
+    """)
+    proc = run_python(code, env=driver_env(cluster, tmp_path / "driver", None), timeout=600)
+    assert "same numpy choice: True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_thread_variables_are_set_and_removed_as_the_driver_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuneforge.distributed.bench import apply_thread_environment, thread_environment
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    apply_thread_environment({"OMP_NUM_THREADS": None, "OPENBLAS_NUM_THREADS": "4"})
+    assert thread_environment() == {"OMP_NUM_THREADS": None, "OPENBLAS_NUM_THREADS": "4",
+                                    "GOTO_NUM_THREADS": os.environ.get("GOTO_NUM_THREADS"), "MKL_NUM_THREADS": "3"}
+    with pytest.raises(ValueError, match="PATH is not a thread-count variable"):
+        apply_thread_environment({"PATH": None})
+    assert "PATH" in os.environ
 
 
 def test_the_cli_tunes_several_shapes_on_the_cluster(cluster: RayCluster, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
@@ -44,9 +45,38 @@ class JobResult:
         return self.error is None
 
 
+# The variables that size a library's thread pool when it loads (OpenBLAS reads the first three, torch and MKL the
+# first and last). Ray sets OMP_NUM_THREADS in every worker to the CPUs it reserved, 1 for an actor that reserves
+# none: measured under it, numpy's OpenBLAS ran one thread beside two-thread kernels, and its record (keyed by that
+# thread count, kernels.gemm.space.blas_threads) never answered a user's process on the same machine.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def thread_environment() -> dict[str, str | None]:
+    """This process's thread-count variables (None: not set), for the measuring actors to take over."""
+    return {name: os.environ.get(name) for name in THREAD_VARIABLES}
+
+
+def apply_thread_environment(values: Mapping[str, str | None]) -> None:
+    """Set (or, for None, remove) each of these variables in this process's environment."""
+    for name, value in values.items():
+        if name not in THREAD_VARIABLES:
+            raise ValueError(f"{name} is not a thread-count variable ({', '.join(THREAD_VARIABLES)})")
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class BenchActor:
-    """Runs jobs' selections, one at a time, on the node it was placed on."""
+    """Runs jobs' selections, one at a time, on the node it was placed on, with the driver's thread-count variables
+    (`threads`, from thread_environment) in place of Ray's: its benchmark worker, started after, runs the
+    libraries as a process of the driver's would there. Libraries the actor process loaded itself keep Ray's
+    count, so the measurements need the isolated worker (autotune.isolate, on by default)."""
+
+    def __init__(self, threads: Mapping[str, str | None]) -> None:
+        apply_thread_environment(threads)
 
     def where(self) -> tuple[str, str, int]:
         return ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid()

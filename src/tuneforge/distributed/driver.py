@@ -22,7 +22,7 @@ from typing import Any, Literal
 import ray
 
 from tuneforge.dataclass_lite import dataclass
-from tuneforge.distributed.bench import BenchActor, JobResult
+from tuneforge.distributed.bench import BenchActor, JobResult, thread_environment
 from tuneforge.distributed.builds import RayBuilds, planned_builds
 from tuneforge.distributed.cluster import Node, connect, groups, pinned, survey
 from tuneforge.kernels.jobs import ShapeJob
@@ -115,15 +115,16 @@ def _build_phase(jobs: list[ShapeJob], nodes: list[Node], settings: dict[str, An
 def _actors(nodes: list[Node], per: str, device: str) -> list[Any]:
     """The measuring actors of a group for one device: per host (or node) on the CPU; per GPU for CUDA jobs, each
     seeing its GPU alone (Ray sets CUDA_VISIBLE_DEVICES for an actor that asks for one)."""
+    threads = thread_environment()
     if device == "cuda":
-        return [BenchActor.options(scheduling_strategy=pinned(node.node_id), num_gpus=1).remote()  # type: ignore
-                for node in nodes for _ in range(int(node.gpus))]
+        return [BenchActor.options(scheduling_strategy=pinned(node.node_id), num_gpus=1)  # type: ignore
+                .remote(threads) for node in nodes for _ in range(int(node.gpus))]
     if per == "host":
         first: dict[str, Node] = {}
         for node in nodes:
             first.setdefault(node.host, node)
         nodes = list(first.values())
-    return [BenchActor.options(scheduling_strategy=pinned(node.node_id)).remote()  # type: ignore[attr-defined]
+    return [BenchActor.options(scheduling_strategy=pinned(node.node_id)).remote(threads)  # type: ignore[attr-defined]
             for node in nodes]
 
 
