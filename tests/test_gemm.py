@@ -379,7 +379,9 @@ def test_large_problems_leave_out_a_tile_that_pads_much_more_work() -> None:
             return {(c["MR"], c["NV"]) for c in default_space(Problem(*shape, dtype), avx2, threads=2)}
 
     assert tiles((4096, 32, 4096)) == {(6, 2)}  # 4x3 vectors would pad 32 columns to 48
-    assert tiles((4096, 32, 4096), "float64") == {(6, 2), (4, 3)}  # 32 to 36 doubles: within a fifth
+    assert tiles((4096, 64, 4096), "float64") == {(6, 2), (4, 3)}  # 64 to 72 doubles: within a fifth
+    # a narrow B (at most NARROW_SLIVERS slivers) takes only the tiles that fit it best: 4x3 would pad 32 to 36
+    assert tiles((4096, 32, 4096), "float64") == {(6, 2)}
     assert tiles((513, 257, 129)) == {(6, 2), (4, 3)}
 
 
@@ -407,7 +409,8 @@ def test_few_rows_or_columns_take_the_tiles_that_pad_least() -> None:
     assert tiles(avx512, (4096, 32, 4096)) == {(14, 2), (12, 2)}  # 6x4 would pad fp32's 32 columns to 64
     assert tiles(avx512, (4096, 64, 4096), "float64") == {(6, 4), (4, 4)}  # two slivers; 8x3 pads 64 to 72
     assert tiles(avx512, (4096, 128, 4096)) == {(6, 4), (4, 4)}
-    assert (14, 2) in tiles(avx512, (4096, 129, 4096))  # three slivers of 6x4: the usual order
+    assert tiles(avx512, (4096, 129, 4096)) == {(8, 3)}  # three slivers (144 columns) where 6x4 pads to 192
+    assert (14, 2) in tiles(avx512, (4096, 257, 4096))  # five slivers of 6x4 at the least: the usual order
 
 
 def test_one_sliver_of_b_takes_a_deep_k_block() -> None:

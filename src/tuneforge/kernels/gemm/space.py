@@ -171,6 +171,11 @@ FEW_COLS_ROWS = (1, 2, 3, 4, 6, 8)  # rows of A one pass of it streams together
 
 
 SMALL_TILE = (8, 2)  # the first tile tried on small problems (32 vector registers)
+# B is narrow (its tiles, its packing: default_space) up to this many slivers of the widest register tile. From two
+# to four (Zen 4, 2 threads; tuned picks): AVX-512 fp64 4096x128x4096 51.8 -> 45.8 ms a call (numpy 56-62),
+# 1024x128x1024 2.73 -> 2.39 ms, fp32 2048x256x2048 11.0 -> 10.3; AVX2 (--isa avx2) fp64 4096x32x4096 the same
+# 6x2-vector pick (16.6-17.0 ms) in a cold tuning of 2.4 s instead of 3.6.
+NARROW_SLIVERS = 4
 
 
 def padding(p: Problem, mr: int, nv: int, vec_bytes: int) -> float:
@@ -226,12 +231,12 @@ def default_space(p: Problem, cpu: CpuInfo | None = None, threads: int | None = 
     def slivers(tile: tuple[int, int]) -> int:
         return -(-p.n // (tile[1] * widest // p.itemsize))
 
-    narrow = not small and min(slivers(tile) for tile in tiles) <= 2
+    narrow = not small and min(slivers(tile) for tile in tiles) <= NARROW_SLIVERS
     if narrow:
-        # Each A sliver serves one or two slivers of B: packing it is a transposition for almost no reuse, and a
-        # narrow B is compact as it is. fp32 4096x128x4096 (AVX-512, Zen 4, 2 threads), 6x4 vectors: unpacked
-        # 20.8 ms, packed 23.2; unpacked won every cold tuning of 4096x32x4096 and 4096x64x4096 (both dtypes, 3
-        # each). Packed stays as a hedge for the first tile only (below): each candidate is a tenth of a cold tuning.
+        # Each A sliver serves a few slivers of B: packing it is a transposition for little reuse, and a narrow B
+        # is compact as it is. fp32 4096x128x4096 (AVX-512, Zen 4, 2 threads), 6x4 vectors: unpacked 20.8 ms,
+        # packed 23.2; unpacked won every cold tuning of 4096x32x4096 and 4096x64x4096 (both dtypes, 3 each).
+        # Packed stays as a hedge for the first tile only (below): each candidate is a tenth of a cold tuning.
         packs = [(0, 0), (1, 1)]
     thread_options = [1] if p.flops < SHARED_FLOPS or team == 1 else sorted({1, team}, reverse=True)
     if p.flops >= AMPLE_FLOPS:
