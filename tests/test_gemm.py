@@ -438,7 +438,8 @@ def test_b_streamed_from_memory_is_also_tried_without_prefetching_ahead() -> Non
 
 
 def test_the_librarys_threads_are_in_its_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuneforge.kernels.gemm.space import blas_threads
+    from tuneforge.cpuinfo import blas_threads
+    from tuneforge.kernels import matmul
 
     def library_hash() -> str:
         return gemm_choices(Problem(64, 64, 64, "float32"))[0].hash_key
@@ -452,6 +453,9 @@ def test_the_librarys_threads_are_in_its_identity(monkeypatch: pytest.MonkeyPatc
     on_one = library_hash()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
     assert blas_threads() == 2 and library_hash() != on_one
+    on_two = matmul.choices("float32")[0].hash_key  # the shipped matmul op's numpy choice likewise
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    assert matmul.choices("float32")[0].hash_key != on_two
 
 
 def test_kernel_isa_setting_caps_the_vector_width() -> None:

@@ -119,6 +119,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def blas_threads() -> int:
+    """The threads numpy's OpenBLAS runs on, as its environment sets them when it loads (OPENBLAS_NUM_THREADS, then
+    GOTO_NUM_THREADS, then OMP_NUM_THREADS; else every core this process may use). A change made later through
+    threadpoolctl is not seen."""
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return usable_cores()
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> CpuInfo:
     arch = platform.machine().lower()

@@ -48,7 +48,7 @@ class JobResult:
 # The variables that size a library's thread pool when it loads (OpenBLAS reads the first three, torch and MKL the
 # first and last). Ray sets OMP_NUM_THREADS in every worker to the CPUs it reserved, 1 for an actor that reserves
 # none: measured under it, numpy's OpenBLAS ran one thread beside two-thread kernels, and its record (keyed by that
-# thread count, kernels.gemm.space.blas_threads) never answered a user's process on the same machine.
+# thread count, cpuinfo.blas_threads) never answered a user's process on the same machine.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS")
 
 

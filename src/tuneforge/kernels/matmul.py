@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tuneforge.cpuinfo import blas_threads
 from tuneforge.tune.choices import Choice, ExternChoice
 from tuneforge.tune.select import select
 from tuneforge.tune.template import KernelTemplate
@@ -80,7 +81,9 @@ def choices(dtype: Any, space: str = "default") -> list[Choice]:
         raise ValueError(f"space must be 'default' or 'exhaustive', not {space!r}")
     blocks = DEFAULT_BLOCKS if space == "default" else EXHAUSTIVE_BLOCKS
     configs = [{"T": _C_TYPES[name], "BM": bm, "BN": bn, "BK": bk} for bm, bn, bk in blocks]
-    return [ExternChoice(np.matmul, name="numpy_matmul"), *TEMPLATE.choices(configs)]
+    # OpenBLAS's threads are in numpy's identity: its record from a process with another thread count must not answer
+    return [ExternChoice(np.matmul, name="numpy_matmul", depends={"threads": blas_threads()}),
+            *TEMPLATE.choices(configs)]
 
 
 _dispatch: dict[tuple[Any, ...], Choice] = {}

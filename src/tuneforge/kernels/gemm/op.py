@@ -16,13 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from tuneforge.cpuinfo import cpu_info
+from tuneforge.cpuinfo import blas_threads, cpu_info
 from tuneforge.dataclass_lite import dataclass
 from tuneforge.kernels.gemm import dispatch, torch_cpu
 from tuneforge.kernels.gemm.space import (
     C_TYPES,
     Problem,
-    blas_threads,
     default_space,
     exhaustive_space,
     few_cols_space,

@@ -8,7 +8,6 @@ present, AVX2 (32) where avx2+fma are, NEON (16) on aarch64; never compiled for 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,17 +79,6 @@ def tile_count(vec_bytes: int, cpu: CpuInfo) -> int:
 def max_threads() -> int:
     """Threads a kernel may use: the `kernel_threads` setting, else every core this process may use."""
     return config.get_int("kernel_threads") or usable_cores()
-
-
-def blas_threads() -> int:
-    """The threads numpy's OpenBLAS runs on, as its environment sets them when it loads (OPENBLAS_NUM_THREADS, then
-    GOTO_NUM_THREADS, then OMP_NUM_THREADS; else every core this process may use). A change made later through
-    threadpoolctl is not seen."""
-    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").split(",")[0].strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return usable_cores()
 
 
 def describe(config_: dict[str, Any]) -> str:
