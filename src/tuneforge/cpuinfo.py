@@ -119,11 +119,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# What sizes OpenBLAS's thread pool when it loads, the first one set deciding.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
 def blas_threads() -> int:
-    """The threads numpy's OpenBLAS runs on, as its environment sets them when it loads (OPENBLAS_NUM_THREADS, then
-    GOTO_NUM_THREADS, then OMP_NUM_THREADS; else every core this process may use). A change made later through
-    threadpoolctl is not seen."""
-    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+    """The threads numpy's OpenBLAS runs on, as its environment sets them when it loads (BLAS_THREAD_VARIABLES; else
+    every core this process may use). A change made later through threadpoolctl is not seen."""
+    for name in BLAS_THREAD_VARIABLES:
         value = os.environ.get(name, "").split(",")[0].strip()
         if value.isdigit() and int(value) > 0:
             return int(value)

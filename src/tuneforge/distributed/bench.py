@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from tuneforge.cpuinfo import BLAS_THREAD_VARIABLES
 from tuneforge.dataclass_lite import dataclass
 from tuneforge.kernels.jobs import ShapeJob
 from tuneforge.store.record import Record
@@ -45,11 +46,11 @@ class JobResult:
         return self.error is None
 
 
-# The variables that size a library's thread pool when it loads (OpenBLAS reads the first three, torch and MKL the
-# first and last). Ray sets OMP_NUM_THREADS in every worker to the CPUs it reserved, 1 for an actor that reserves
-# none: measured under it, numpy's OpenBLAS ran one thread beside two-thread kernels, and its record (keyed by that
-# thread count, cpuinfo.blas_threads) never answered a user's process on the same machine.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS")
+# The variables that size a library's thread pool when it loads (OpenBLAS's, then MKL's; torch reads OMP_NUM_THREADS).
+# Ray sets OMP_NUM_THREADS in every worker to the CPUs it reserved, 1 for an actor that reserves none: measured
+# under it, numpy's OpenBLAS ran one thread beside two-thread kernels, and its record (keyed by that thread count,
+# cpuinfo.blas_threads) never answered a user's process on the same machine.
+THREAD_VARIABLES = (*BLAS_THREAD_VARIABLES, "MKL_NUM_THREADS")
 
 
 def thread_environment() -> dict[str, str | None]:
