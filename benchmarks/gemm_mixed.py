@@ -12,7 +12,7 @@ call. Two loops per case:
 - interleaved: the same, then np.matmul(p, q, out=r) with p 64x1024 and q 1024x64 (numpy in both loops)
 - spaced:      the epilogue loop's step, then 2 ms idle (a program that calls the GEMM from time to time, e.g. a
                server answering requests): only the steps are timed. OpenBLAS's threads spin through such pauses
-               (0.1 s); the kernels' pool sleeps after 50 us, and its workers wake late.
+               (0.1 s), the kernels' pool's through 5 ms (pool.cpp's SPIN_NS); workers asleep wake late.
 
 `gemm` is numpy.matmul in one loop and tuneforge.gemm (tuned first, outside the timing) in the other.
 Each round times both loops (N iterations each, N sized so that the slower loop takes about --loop-s; the

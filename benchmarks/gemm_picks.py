@@ -66,7 +66,7 @@ CONDITIONS = (*JUDGED, "mixed")
 OP_WARMUP = 5  # crowded calls before an op burst is timed: the hand-off tries each way once
 QUIET_CALLS = 10  # quiet calls before an op burst, whose quickest is the kernel's best time to the hand-off
 SETTLE_S = 0.15  # OpenBLAS's threads spin for 0.1-0.15 s after a call: the quiet condition waits that out
-KERNEL_PAUSE_S = 0.005  # the kernels' own pool spins for ~50 us
+KERNEL_PAUSE_S = 0.01  # the kernels' own pool spins for up to 5 ms (pool.cpp's SPIN_NS)
 MAX_BURST = 100
 
 

@@ -296,20 +296,29 @@ def _memo_key(request: CppBuild) -> tuple[Any, ...]:
             config.get_str("cpp.march"), config.get_str("cpp.opt_level"), config.get_paths("cpp.include_dirs"))
 
 
+def library_request(source: str, *, flags: Sequence[str] = (), openmp: bool | None = None,
+                    include_dirs: Sequence[str | os.PathLike[str]] = ()) -> CppBuild:
+    """The build of a plain shared library (see load), as data: what a build pool worker needs."""
+    return _request(source, flags, openmp, include_dirs, python_module=False)
+
+
 def load(source: str, *, flags: Sequence[str] = (), openmp: bool | None = None,
-         include_dirs: Sequence[str | os.PathLike[str]] = ()) -> ctypes.CDLL:
+         include_dirs: Sequence[str | os.PathLike[str]] = (), global_symbols: bool = False) -> ctypes.CDLL:
     """Build (or fetch from the store) a shared library from C++ source and load it with ctypes.
 
     Export functions with ``extern "C"`` to call them by name. ``openmp=None`` uses the cpp.openmp setting.
+    ``global_symbols``: its symbols join the process's global scope (RTLD_GLOBAL), where other libraries and
+    modules find them by name, e.g. with ``dlsym(RTLD_DEFAULT, ...)``.
     """
-    request = _request(source, flags, openmp, include_dirs, python_module=False)
-    memo = _memo_key(request)
+    request = library_request(source, flags=flags, openmp=openmp, include_dirs=include_dirs)
+    memo = (*_memo_key(request), global_symbols)
     known = _libraries.get(memo)
     if known is not None:
         library: ctypes.CDLL = known[0]
         return library
     artifact = build(request)
-    library = ctypes.CDLL(str(artifact.library_path))
+    mode = ctypes.RTLD_GLOBAL if global_symbols else ctypes.RTLD_LOCAL
+    library = ctypes.CDLL(str(artifact.library_path), mode=mode)
     # For users (e.g. `tuneforge cache explain <key>`); tuneforge itself takes keys from load_module_keyed.
     library.tuneforge_key = artifact.key  # type: ignore[attr-defined]
     _libraries[memo] = (library, artifact.key)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from tuneforge.errors import TemplateError
 from tuneforge.hashing import key_hash
 from tuneforge.tune.choices import Builder, ConfiguredChoice, completed_future, failed_future, key_value
+from tuneforge.tune.process_library import build_ahead, load_process_library
 from tuneforge.warn_once import first_time
 
 if TYPE_CHECKING:
@@ -86,11 +87,13 @@ class KernelTemplate:
                  runtime_params: Iterable[str] = (), flags: Sequence[str] = (), openmp: bool = False,
                  include_dirs: Sequence[str] = (), describe: Callable[[dict[str, Any]], str] | None = None,
                  sample_rows: Callable[[dict[str, Any], int, int], int] | None = None,
-                 link_sources: Sequence[str] = ()) -> None:
+                 link_sources: Sequence[str] = (), process_library: str = "") -> None:
         if language not in ("cpp", "python"):
             raise TemplateError(f"template {name!r}: language must be 'cpp' or 'python', not {language!r}")
         if link_sources and language != "cpp":
             raise TemplateError(f"template {name!r}: link_sources are C++ sources, for a C++ template only")
+        if process_library and language != "cpp":
+            raise TemplateError(f"template {name!r}: process_library is C++ source, for a C++ template only")
         with _registry_lock:
             known = _registry.get(name)
             if known is not None and known != (source, signature):
@@ -112,6 +115,9 @@ class KernelTemplate:
         self.include_dirs = tuple(include_dirs)
         # C++ compiled once (not rendered) and linked into every configuration's module (CppBuild.link_sources)
         self.link_sources = tuple(link_sources)
+        # C++ built as a plain library, loaded once per process with its symbols global before any of this
+        # template's modules (process_library.py): what its modules share, found by name
+        self.process_library = process_library
         self.describe = describe  # the info column of reports; default: every parameter
         # (config, rows, total) -> the rows a configuration runs on when a selection samples the problem
         # (Choice.sample_rows); default: all of them
@@ -121,7 +127,8 @@ class KernelTemplate:
         self.identity = hashlib.sha256(json.dumps([
             name, source, signature, language, list(self.flags), openmp, list(self.include_dirs),
             sorted(self.runtime_params), sorted(self.hooks),
-            *([list(self.link_sources)] if self.link_sources else [])]).encode()).hexdigest()
+            *([list(self.link_sources)] if self.link_sources else []),
+            *([self.process_library] if self.process_library else [])]).encode()).hexdigest()
         self._compiled: Any = None
         # (what, render identity) -> rendered text or build request: a template's configurations that differ only
         # in runtime parameters share one source (a GEMM search's 97 configurations rendered, parsed and keyed
@@ -315,6 +322,8 @@ class TemplateChoice(ConfiguredChoice):
         return kernel, ""
 
     def _load(self) -> Callable[..., Any]:
+        if self.template.process_library:
+            load_process_library(self.template)
         hint, suspect = self.artifact_hint, ""
         if hint is not None:  # a record says where the compiled code is: no render needed if it is ours
             kernel, suspect = self._load_hint(hint)
@@ -364,6 +373,8 @@ class TemplateChoice(ConfiguredChoice):
         with self._lock:
             if self._future is None:
                 if builder is not None and self.is_native:
+                    if self.template.process_library:
+                        build_ahead(self.template, builder)
                     try:
                         self._future = builder.submit(self.cpp_build(), label=self.name)
                     except Exception as exc:

@@ -12,12 +12,12 @@
 //    running (its core taken by another library's spinner) simply gets no chunk, and the call finishes on the
 //    threads that are running, never slower than one thread doing everything. The caller only waits for chunks
 //    a worker has actually begun.
-//  - Idle workers spin a short, bounded time (yielding the core meanwhile), then sleep in the kernel (futex), so
-//    they never hold a core another library's thread needs for longer than that.
+//  - Idle workers spin a bounded time (SPIN_NS, yielding the core meanwhile), then sleep in the kernel (futex); one
+//    whose yield gave the core away sleeps at once, so they never hold a core another library's thread needs.
 //  - Workers are kept off the calling thread's CPU (within its allowed CPUs). After an idle spell, Linux wakes a
 //    sleeper on the CPU of the thread that woke it (wake-affine), where it queued behind the caller for a time
 //    slice: on a 2-vCPU VM, after 50 ms or more of idleness most 2-thread calls ran at one thread's speed.
-// A user's OMP_WAIT_POLICY still decides: ACTIVE spins 100x longer, PASSIVE sleeps at once.
+// A user's OMP_WAIT_POLICY still decides: ACTIVE spins 40x longer (ACTIVE_SPIN_NS), PASSIVE sleeps at once.
 //
 // A call made for torch tensors runs on the process's OpenMP team instead (HostTeam, mode bit 16): torch's
 // element-wise ops leave libgomp's workers spinning for milliseconds, and this pool's workers fighting them for
@@ -75,6 +75,17 @@ inline void wake_all(std::atomic<uint32_t>* word) {
 #endif
 }
 
+// Idle workers spin this long after a job (yielding the core every 64 pauses), then sleep. A worker asleep takes
+// 20-60 us to wake on a 2-vCPU VM: with 50 us of spin, a program that does 0.1-1 ms of other work between calls
+// (numpy's element-wise ops on the result) woke it on every call, 17x2048x64 fp64 then taking 79-123 us a call
+// against 57-66 us with the workers spinning through the gap (OpenBLAS's own spin after a call: 0.1 s).
+const int64_t SPIN_NS = 5000000, ACTIVE_SPIN_NS = 200000000;
+// ... but a worker sleeps at once when a yield gave its core away: another thread needs that core, typically an
+// OpenBLAS worker of a numpy call made meanwhile, which must not share it with a spinner. Given away, the core comes
+// back after the other thread's time slice (milliseconds); the host's own interruptions (a yield of 20-100 us every
+// few ms on this 2-vCPU VM) ended a 20 us threshold's spins after 5-7 ms whatever their length.
+const int64_t YIELDED_NS = 200000;
+
 enum { MAX_WORKERS = 255 };
 const uint32_t ALL_CLAIMED = 0xffffffffu;  // a finished job's chunk count in `state`: above any job's chunks
 
@@ -92,7 +103,7 @@ struct Pool {
     void* ctx = nullptr;
     int64_t chunks = 0;
     int workers = 0;                     // started so far (only grows; guarded by busy)
-    int64_t spin_ns = 50000;
+    int64_t spin_ns = SPIN_NS;
     int avoided_cpu = -1;                // the caller's CPU the workers were last kept off (guarded by busy)
     pthread_t threads[MAX_WORKERS];
 };
@@ -125,15 +136,19 @@ inline void* worker_main(void* arg) {
         const int64_t start = now_ns();
         int spins = 0;
         uint32_t g;
+        bool crowded = false;  // a yield gave the core away: another thread needs it
         while ((g = p.generation.load(std::memory_order_acquire)) == seen) {
             if (++spins % 64 == 0) {
-                if (now_ns() - start > p.spin_ns) {
+                if (crowded || now_ns() - start > p.spin_ns) {
                     p.asleep_since.store(now_ns(), std::memory_order_relaxed);
                     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
                     if (p.generation.load(std::memory_order_seq_cst) == seen) wait_while(&p.generation, seen);
                     p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+                    crowded = false;
                 } else {
+                    const int64_t before = now_ns();
                     sched_yield();  // give the core to a thread that has work (another library's) while spinning
+                    crowded = now_ns() - before > YIELDED_NS;
                 }
             } else {
                 relax();
@@ -155,8 +170,8 @@ inline void after_fork_in_child() {
 inline int64_t spin_setting() {
     const char* policy = getenv("OMP_WAIT_POLICY");
     if (policy && strcasecmp(policy, "passive") == 0) return 0;
-    if (policy && strcasecmp(policy, "active") == 0) return 5000000;
-    return 50000;
+    if (policy && strcasecmp(policy, "active") == 0) return ACTIVE_SPIN_NS;
+    return SPIN_NS;
 }
 
 inline bool start_workers(Pool& p, int wanted) {
@@ -232,20 +247,13 @@ inline void host_work(void* data) {
     for (int64_t c; (c = job.next.fetch_add(1, std::memory_order_relaxed)) < job.chunks;) job.body(job.ctx, c);
 }
 
-int64_t asleep_ns() {
+inline int64_t pool_asleep_ns() {
     Pool& p = pool();
     if (p.sleepers.load(std::memory_order_relaxed) == 0) return 0;
     return now_ns() - p.asleep_since.load(std::memory_order_relaxed);
 }
 
-void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
-    if (host_team && threads > 1 && chunks > 1) {
-        if (GompParallel parallel = host_parallel()) {
-            HostJob job{body, ctx, chunks};
-            parallel(host_work, &job, (unsigned)(threads < chunks ? threads : chunks), 0);
-            return;
-        }
-    }
+inline void pool_run(int64_t threads, int64_t chunks, Body body, void* ctx) {
     Pool& p = pool();
     bool expected = false;
     if (threads <= 1 || chunks <= 1 || chunks >= (int64_t)ALL_CLAIMED ||
@@ -283,5 +291,67 @@ void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
     p.busy.store(false, std::memory_order_release);
 }
 
+#if defined(TUNEFORGE_POOL_LIBRARY)
+inline void shared_run(int64_t threads, int64_t chunks, Body body, void* ctx) { pool_run(threads, chunks, body, ctx); }
+inline int64_t shared_asleep_ns() { return pool_asleep_ns(); }
+#else
+// The process's one pool (this source built as the GEMM templates' process library, loaded with its symbols global
+// before any kernel module): a worker of a module's own pool, spinning after that module's call, took a core from
+// the next module's call (several tuned shapes in one program, or the candidates of one tuning timed in turn), and
+// each module started threads of its own. A module loaded where the library is not uses the pool linked into it.
+typedef void (*RunFn)(int64_t, int64_t, Body, void*);
+typedef int64_t (*AsleepFn)();
+
+struct Shared {
+    RunFn run = nullptr;
+    AsleepFn asleep_ns = nullptr;
+    Shared() {
+        RunFn r = (RunFn)dlsym(RTLD_DEFAULT, "tuneforge_pool_run_v1");
+        AsleepFn a = (AsleepFn)dlsym(RTLD_DEFAULT, "tuneforge_pool_asleep_ns_v1");
+        if (r && a) run = r, asleep_ns = a;
+    }
+};
+
+inline const Shared& shared() {
+    static const Shared found;  // looked up at the module's first parallel call
+    return found;
+}
+
+inline void shared_run(int64_t threads, int64_t chunks, Body body, void* ctx) {
+    if (RunFn f = shared().run) f(threads, chunks, body, ctx); else pool_run(threads, chunks, body, ctx);
+}
+
+inline int64_t shared_asleep_ns() {
+    AsleepFn f = shared().asleep_ns;
+    return f ? f() : pool_asleep_ns();
+}
+#endif
+
+int64_t asleep_ns() { return shared_asleep_ns(); }
+
+void run(int64_t threads, int64_t chunks, Body body, void* ctx) {
+    if (host_team && threads > 1 && chunks > 1) {
+        if (GompParallel parallel = host_parallel()) {
+            HostJob job{body, ctx, chunks};
+            parallel(host_work, &job, (unsigned)(threads < chunks ? threads : chunks), 0);
+            return;
+        }
+    }
+    shared_run(threads, chunks, body, ctx);
+}
+
 }  // namespace tfpool
 #pragma GCC visibility pop
+
+#if defined(TUNEFORGE_POOL_LIBRARY)
+// The library's entry points, found by name (dlsym) by every kernel module: plain C, versioned, so that a module
+// built against another version of this file still calls a pool that does what it expects.
+extern "C" __attribute__((visibility("default"))) void tuneforge_pool_run_v1(int64_t threads, int64_t chunks,
+                                                                             tfpool::Body body, void* ctx) {
+    tfpool::pool_run(threads, chunks, body, ctx);
+}
+
+extern "C" __attribute__((visibility("default"))) int64_t tuneforge_pool_asleep_ns_v1() {
+    return tfpool::pool_asleep_ns();
+}
+#endif

@@ -141,9 +141,11 @@ def sample_rows(config: Mapping[str, Any], rows: int, total: int) -> int:
 
 _HERE = Path(__file__).parent
 # The kernels' own thread pool (pool.cpp: why not OpenMP): its declarations pasted into each kernel's source, the pool
-# compiled once (after them) and linked into each kernel's module.
+# compiled once (after them) and linked into each kernel's module, where it finds the process's one pool (the same
+# source built as the templates' process library) and runs on it.
 _POOL_API = (_HERE / "pool_api.h").read_text()
 POOL = (_POOL_API + (_HERE / "pool.cpp").read_text(),)
+POOL_LIBRARY = "#define TUNEFORGE_POOL_LIBRARY 1\n" + POOL[0]
 
 
 def _source(template: str) -> str:
@@ -159,37 +161,29 @@ FLAGS = ("-ffp-contract=fast", "-pthread")
 # at -O2: 1.5-3x slower on 3000x5x700). Measured against a template of the same source built with FLAGS (the -O of
 # cpp.opt_level alone): patching cpp.opt_level changes nothing where these flags follow it.
 O2_FLAGS = (*FLAGS, "-O2")
-TEMPLATE = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
-                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
-                          runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
-                          describe=describe, sample_rows=sample_rows)
 
+
+def _template(name: str, source: str, flags: tuple[str, ...], runtime_params: tuple[str, ...] = RUNTIME_PARAMS,
+              launcher: Any = launch, binder: Any = bind) -> KernelTemplate:
+    """A GEMM kernel template: the common signature, the pool linked in, the process's pool loaded first."""
+    return KernelTemplate(name, _source(source), signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"),
+                          launcher=launcher, binder=binder, runtime_params=runtime_params, flags=flags, openmp=False,
+                          link_sources=POOL, process_library=POOL_LIBRARY, describe=describe, sample_rows=sample_rows)
+
+
+TEMPLATE = _template("tuneforge_gemm", "kernel.cpp.j2", O2_FLAGS)
 # The same kernels, called with B packed whole ahead of time (tuneforge.pack_b): the same builds serve both.
-PACKED = KernelTemplate("tuneforge_gemm", _source("kernel.cpp.j2"),
-                        signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch_packed,
-                        binder=bind_packed, runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False,
-                        link_sources=POOL, describe=describe, sample_rows=sample_rows)
-
+PACKED = _template("tuneforge_gemm", "kernel.cpp.j2", O2_FLAGS, launcher=launch_packed, binder=bind_packed)
 # Few rows (GEMV-like shapes): stream B once with all rows of C in cache. Same signature and launcher.
-SMALL_M = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
-                         signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
-                         runtime_params=SMALL_M_RUNTIME_PARAMS, flags=FLAGS, openmp=False, link_sources=POOL,
-                         describe=describe, sample_rows=sample_rows)
+SMALL_M = _template("tuneforge_gemm_small_m", "small_m.cpp.j2", FLAGS, SMALL_M_RUNTIME_PARAMS)
 # The same for one row (a GEMV), compiled at -O2 (after the -O of cpp.opt_level: it wins). There the kernel is bound
 # by memory: each of the 12 default configurations of 1x4096x4096 ran as fast at -O2 as at -O3 (steady,
 # interleaved, 2 threads, AMD EPYC AVX2: fp32 0.98-1.02x, fp64 0.95-1.01x), and -O3's unrolling took twice the
 # compile (0.85 -> 0.40 s a kernel unit; a cold GEMV tuning's builds 1.75-1.85 -> 1.1-1.2 s of its 3.4). With
 # more rows it computes, and -O3 ran up to 20% faster (8x4096x4096 fp32): those keep SMALL_M.
-GEMV = KernelTemplate("tuneforge_gemm_small_m", _source("small_m.cpp.j2"),
-                      signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
-                      runtime_params=SMALL_M_RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
-                      describe=describe, sample_rows=sample_rows)
-
+GEMV = _template("tuneforge_gemm_small_m", "small_m.cpp.j2", O2_FLAGS, SMALL_M_RUNTIME_PARAMS)
 # Few columns (N <= 8): dot products along K, B copied transposed. Same signature and launcher.
-FEW_COLS = KernelTemplate("tuneforge_gemm_few_cols", _source("few_cols.cpp.j2"),
-                          signature=SIGNATURE.replace("tuneforge_gemm", "{{ NAME }}"), launcher=launch, binder=bind,
-                          runtime_params=RUNTIME_PARAMS, flags=O2_FLAGS, openmp=False, link_sources=POOL,
-                          describe=describe, sample_rows=sample_rows)
+FEW_COLS = _template("tuneforge_gemm_few_cols", "few_cols.cpp.j2", O2_FLAGS)
 
 
 def few_rows_template(m: int) -> KernelTemplate:
