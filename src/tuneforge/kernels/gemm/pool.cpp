@@ -1,7 +1,8 @@
 // tuneforge's thread pool for the GEMM kernels: compiled once, after pool_api.h's declarations (template.py joins
-// the two), into an object linked into every kernel's module (each module has a pool of its own). Compiled into
-// each kernel with its three call sites inlined, it was a third of every kernel's build (0.47-0.77 s of compiler
-// a kernel unit without it, 0.73-1.13 s with it).
+// the two), into an object linked into every kernel's module, and once more as the library the process's modules
+// share (the GEMM templates' process library: shared_run below), whose pool they all run on; the pool linked into a
+// module is its fallback. Compiled into each kernel with its three call sites inlined, it was a third of every
+// kernel's build (0.47-0.77 s of compiler a kernel unit without it, 0.73-1.13 s with it).
 //
 // Why not OpenMP: numpy's OpenBLAS keeps its worker threads spinning (sched_yield) for about 0.1 s after each
 // call, and libgomp's workers spin for milliseconds after each parallel region and in every barrier. On a machine

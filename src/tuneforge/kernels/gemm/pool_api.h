@@ -1,6 +1,6 @@
 // tuneforge's thread pool for the GEMM kernels, as a kernel calls it (pasted into each kernel's source by
 // template.py). The pool itself (pool.cpp: why a pool of its own and not OpenMP) is compiled once and linked into
-// every kernel's module.
+// every kernel's module, which runs on the process's one pool where that is loaded.
 #include <stdint.h>
 
 #pragma GCC visibility push(hidden)  // each module's own: never bound to another module's pool
