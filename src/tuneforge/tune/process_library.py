@@ -20,6 +20,7 @@ from tuneforge.warn_once import warn_once
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from tuneforge.compile.cpp import CppBuild
     from tuneforge.tune.choices import Builder
 
 
@@ -32,6 +33,7 @@ class Owner(Protocol):
     openmp: bool
     include_dirs: tuple[str, ...]
 
+
 log = logging.getLogger("tuneforge.tune")
 
 _lock = ForkSafeLock()  # a build pool may fork while another thread loads one
@@ -41,7 +43,7 @@ _loaded: dict[str, bool] = {}  # source -> whether it is loaded (False: it did n
 _submitted: set[str] = set()  # sources a build pool was given
 
 
-def _request(template: Owner) -> Any:
+def _request(template: Owner) -> CppBuild:
     from tuneforge.compile.cpp import library_request
 
     return library_request(template.process_library, flags=template.flags, openmp=template.openmp,
