@@ -125,6 +125,38 @@ def test_finalists_are_timed_again_after_the_batches(cache_dir: Path, budget: st
     assert set(finalists) - {"double"} == {name for _, name in timed[:plan.finalists]}
 
 
+def test_the_records_end_at_the_finalists_measured_level(cache_dir: Path) -> None:
+    """The batches' figures came down a chain of anchors that drifted to half of what runs measure; the finalists'
+    side-by-side re-timing measures them at cost() and is anchored at the chain (paired_scale 0.5). Every record
+    is then put at the finalists' level: the finalists read what they measured, the others keep their ratios,
+    and all of them are handed to be stored again."""
+    records: dict[str, Record] = {}
+    restated: list[Record] = []
+    drift = 0.5
+
+    def measure_some(choices: Any, role: str) -> None:
+        for c in choices:
+            true_ms = cost(c.params) if c.params else 3.0
+            paired = role == "finalists"
+            records[c.hash_key] = Record(key="k", choice=c.hash_key, op="searched", choice_name=c.name, status="ok",
+                                         median_ms=true_ms * drift, min_ms=true_ms * drift * 0.9,
+                                         method="cpu-perf_counter+paired" if paired else "cpu-perf_counter",
+                                         info={"paired_scale": drift} if paired else {})
+
+    choices: list[Choice] = candidates()
+    plan = SearchPlan("random", SearchPlan.of("default", "12").budget, batch=6)
+    winner = search_candidates(plan, choices, records, measure_some, "median", restate=restated.extend)
+    assert winner is not None
+    timed = [c for c in choices if c.hash_key in records]
+    assert len(restated) == len(timed) > plan.finalists + 1
+    for c in timed:
+        record = records[c.hash_key]
+        assert record.median_ms == pytest.approx(cost(c.params) if c.params else 3.0), c.name
+        assert record.min_ms == pytest.approx(record.median_ms * 0.9)
+        assert record.info["search_level"] == pytest.approx(1 / drift)
+    assert winner.median_ms == pytest.approx(min(cost(c.params) for c in timed if c.params))
+
+
 def test_a_budget_alone_searches_with_the_default_strategy(quick: Path) -> None:
     selection = select_detailed("budgeted", candidates(), [np.ones(64)], out=np.empty(64), budget="30")
     assert 0 < len(default_records().get(selection.key)) <= 30 + 1 + 4  # and the finalists' re-timing

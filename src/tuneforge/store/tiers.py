@@ -132,6 +132,11 @@ class RecordTiers:
         self._local().put(record)
         self._share(record.key)
 
+    def commit_all(self, key: str, records: Sequence[Record]) -> None:
+        """Keep `records` of `key` locally in one transaction, then share the key's records with the remote."""
+        self._local().put_many(records)
+        self._share(key)
+
     @contextlib.contextmanager
     def committing(self, key: str) -> Iterator[Callable[[Record], None]]:
         """`commit` for a batch of records of `key`: each is kept locally as it comes, and the key's records

@@ -24,6 +24,7 @@ from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import CONFIDENCE, PAIRED_SCALE, confidence, time_side_by_side
 from tuneforge.tune.input_guard import InputGuard
 from tuneforge.tune.job import TrialJob, make_record
+from tuneforge.tune.ranking import SCREENED
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -69,17 +70,20 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
     sure = [confidence(rounds[fastest], rounds[i], tie[i][0].name) for i in range(len(tie)) if i != fastest]
     # Paired rounds can run at another level than the first timings, which the other choices keep (a library's
     # threads spinning between the batches: 128^3 kernels paired beside numpy measured 5-15% slower): the
-    # re-timed keep their ratios, anchored at the fastest first timing among them, so that a choice they beat
-    # before cannot overtake them now by the change of method alone.
+    # re-timed keep their ratios, at the level of their first full timings: the median of each one's first figure
+    # over its paired one. Not the fastest first figure over the fastest paired one (the least of a few figures
+    # is the likeliest to be low by noise), and not a brief one (screening.py): a screened figure is divided by
+    # the screening's level, which a slow timing of its control can set wrong, and contenders anchored at the
+    # fastest of them were recorded at 0.51-0.83 of their paired figures (512^3 fp64 searches here), up to
+    # 150 GFLOP/s on cores that peak at 116. A choice timed briefly only cannot overtake those re-timed by the
+    # change of method: ranking.py ranks it after them. So contenders of a screening keep their paired figures.
     # With anchors (a search's best so far, re-timed in each of its batches), the level is theirs: a batch timed
     # in another spell of the host's contention than the one before keeps its ratios to the best so far, not
     # the spell's level (two 128^3 kernels timed for 40 ms each, every 0.2 s: each 40-73 us, their ratio mostly
     # 1.0-1.17).
-    levels = [t / timings[i].stat(statistic) for i in anchors if (t := tie[i][1].time(statistic))]
-    if levels:
-        anchor = statistics.median(levels)
-    else:
-        anchor = min(t for _, r in tie if (t := r.time(statistic))) / timings[fastest].stat(statistic)
+    levels = [t / timings[i].stat(statistic) for i in anchors or range(len(tie))
+              if SCREENED not in tie[i][1].method and (t := tie[i][1].time(statistic))]
+    anchor = statistics.median(levels) if levels else 1.0
     records = []
     for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True)):
         info = {k: v for k, v in record.info.items() if k != CONFIDENCE} | {PAIRED_SCALE: round(anchor, 4)}

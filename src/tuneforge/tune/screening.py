@@ -14,7 +14,7 @@ on the CPU: a screening of a few dozen choices lasts a fraction of a second, and
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tuneforge import config
 from tuneforge.store.records import Record
@@ -84,6 +84,7 @@ def screened_contenders(results: Sequence[tuple[int, Choice, Record]], statistic
 
 
 CONTROL_EVERY = 16
+LEVEL_CONFIRM = 1.15  # a control timing that moves the level more than this either way is taken twice (unsteady)
 LEVEL_INFO = "screen_level"  # the record info key of the level a screened timing was divided by
 
 
@@ -103,6 +104,29 @@ class ScreenLevel:
     def due(self) -> tuple[Choice, Record] | None:
         """The control and its record, when it is time to time it again."""
         return self._control if self._control is not None and self._since >= CONTROL_EVERY else None
+
+    def unsteady(self, control_ms: float | None) -> bool:
+        """Whether the control's brief timing now would move the level by more than LEVEL_CONFIRM (the base: would
+        be that much slower than its screened figure): it is then taken again at once and the lower of the two
+        kept. A lone slow timing of the control set the level of the next sixteen choices: 512^3 fp64 searches
+        here screened choices at levels 0.33-0.39 (a base timing 3x slow) and 1.42-1.55, and a record of a
+        choice screened after a slow control read 150 GFLOP/s, past the cores' peak (116). Contention only slows
+        a run, so of two timings back to back the lower is the nearer to how fast the host runs now."""
+        if control_ms is None or control_ms <= 0 or self._control is None:
+            return False
+        if self._base_ms is None:
+            screened = self._control[1].median_ms
+            return screened is not None and control_ms > screened * LEVEL_CONFIRM
+        change = control_ms / self._base_ms / self.level
+        return not 1 / LEVEL_CONFIRM <= change <= LEVEL_CONFIRM
+
+    def measure(self, time_control: Callable[[], float | None]) -> None:
+        """Take the level from `time_control()` (the control's brief timing now, None where it failed): where that
+        is unsteady, from the lower of it and a second one."""
+        control_ms = time_control()
+        if self.unsteady(control_ms) and (again := time_control()) is not None and control_ms is not None:
+            control_ms = min(control_ms, again)
+        self.measured(control_ms)
 
     def measured(self, control_ms: float | None) -> None:
         """The control's brief timing now (None: it failed; the level stands)."""

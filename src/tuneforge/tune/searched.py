@@ -12,9 +12,10 @@ best configuration so far is re-timed beside each batch's contenders on the CPU,
 (paired.py): batches timed seconds apart are then compared as if side by side.
 When the budget (builds) is spent the fastest few configurations (`finalists`) and the fastest library call are
 timed again in one job, then side by side (confirm.py: alternating rounds, and the winner's confidence), so that
-the pick does not hang on timings taken in different batches or on one noisy timing; then the search is marked
-done on the winner's record, and a later process with the same candidates, strategy and budget decides from the
-records without searching again.
+the pick does not hang on timings taken in different batches or on one noisy timing; every record of the
+selection is then put at the level of that last side-by-side timing (`_at_finalists_level`); then the search is
+marked done on the winner's record, and a later process with the same candidates, strategy and budget decides
+from the records without searching again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from tuneforge.search.driver import Prune
 from tuneforge.search.space import aligned, point_of, shared
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
+from tuneforge.tune.confirm import PAIRED_SCALE
+from tuneforge.tune.ranking import SCREENED
 from tuneforge.tune.template_space import TemplateSpace
 
 log = logging.getLogger("tuneforge.tune")
@@ -43,6 +46,8 @@ log = logging.getLogger("tuneforge.tune")
 # side by side) or "whole" (every candidate, as a selection without a search times them)
 MeasureSome = Callable[[Sequence[Choice], str], None]
 SEARCH_INFO = "search"  # the winner's record's info key: the identity of the finished search
+SEARCH_LEVEL = "search_level"  # a record's info key: the factor its figures were put at the finalists' level by
+Restate = Callable[[Sequence[Record]], None]  # stores records whose figures the search changed (the caller's)
 
 
 @dataclass(frozen=True)
@@ -96,13 +101,14 @@ def finished(plan: SearchPlan, candidates: Sequence[Choice], records: Mapping[st
 
 def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[str, Record],
                       measure_some: MeasureSome, statistic: str,
-                      template_space: TemplateSpace | None = None) -> Record | None:
+                      template_space: TemplateSpace | None = None, restate: Restate | None = None) -> Record | None:
     """Search `candidates` (or, with a `template_space`, its configurations: each choice made when asked is added
     to `candidates`, beside the library calls there) with `plan`; `measure_some` records what it measures into
-    `records`. Returns the winner's record, marked as the end of this search (for the caller to store), or None
-    when none ran ok."""
+    `records`, and `restate` stores those the search put at its finalists' level (also replaced in `records`).
+    Returns the winner's record, marked as the end of this search (for the caller to store), or None when none
+    ran ok."""
     if template_space is not None:
-        return _search_space(plan, template_space, candidates, records, measure_some, statistic)
+        return _search_space(plan, template_space, candidates, records, measure_some, statistic, restate)
     configured = [c for c in candidates if not c.is_extern and c.params]
     always = [c for c in candidates if c not in configured]
     units = _builds(configured)
@@ -131,12 +137,12 @@ def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[
                     space_size=len(units))
     log.info("search %s: %d of %d builds timed (%d configurations; %d pruned), stopped by %s", plan.strategy,
              result.evaluations, len(units), len(configured), result.pruned, result.stopped)
-    _time_finalists(plan, configured, always, first, records, measure_some, statistic)
+    _time_finalists(plan, configured, always, first, records, measure_some, statistic, restate)
     return _mark(plan, candidates, records, statistic)
 
 
 def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choice], records: dict[str, Record],
-                  measure_some: MeasureSome, statistic: str) -> Record | None:
+                  measure_some: MeasureSome, statistic: str, restate: Restate | None) -> Record | None:
     """search_candidates over a template space: the strategy walks `space.space` itself (a point is a
     configuration), and a choice exists only for what it asks (and what the records held before)."""
     always = [c for c in candidates if c.is_extern]
@@ -160,23 +166,58 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
     log.info("search %s of %s: %d configurations timed, stopped by %s", plan.strategy, space, result.evaluations,
              result.stopped)
     _time_finalists(plan, [c for c in candidates if not c.is_extern], always, first, records, measure_some,
-                    statistic)
+                    statistic, restate)
     return _mark(plan, candidates, records, statistic, space)
 
 
 def _time_finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[Choice], first: Sequence[Choice],
-                    records: Mapping[str, Record], measure_some: MeasureSome, statistic: str) -> None:
+                    records: dict[str, Record], measure_some: MeasureSome, statistic: str,
+                    restate: Restate | None) -> None:
     """Time the finalists again together (with the library calls never timed yet, `first`), then side by side
     (confirm.py): the search's batches left their near ties to this job."""
     finalists = _finalists(plan, configured, always, records, statistic)
-    if first or len(finalists) > 1:
-        measure_some([*first, *finalists], "finalists")
+    if not first and len(finalists) < 2:
+        return
+    before = {c.hash_key: records.get(c.hash_key) for c in finalists}
+    measure_some([*first, *finalists], "finalists")
+    anchors = [scale for key, old in before.items() if (new := records.get(key)) is not None and new is not old
+               and "+paired" in new.method and isinstance(scale := new.info.get(PAIRED_SCALE), (int, float))
+               and scale > 0]
+    if anchors:
+        restated = _at_finalists_level(records, 1 / anchors[0])
+        if restate is not None and restated:
+            restate(restated)
+
+
+def _at_finalists_level(records: dict[str, Record], factor: float) -> list[Record]:
+    """Every timed record of the selection times `factor` (replaced in `records`): the finalists' re-timed side by
+    side then read what they measured, and the others keep their ratios to them.
+    Why: the finalists' figures, like every batch's, were put at the level of the best so far (paired.py), whose
+    figure came down the chain of batches, each anchored at the one before; each batch's best is the fastest of
+    noisy figures, the likeliest low by noise, and its error passes to every batch after it. 512^3 fp64 searches
+    here anchored their finalists at 0.53-0.92 of what they measured, and records claimed up to 157 GFLOP/s of
+    cores that peak at 116."""
+    if not math.isfinite(factor) or abs(factor - 1) < 1e-6:
+        return []
+    restated = []
+    for key, record in records.items():
+        if record.status != "ok" or record.median_ms is None:
+            continue
+        figures = {name: value * factor for name in ("median_ms", "min_ms", "mean_ms", "p20_ms", "p80_ms")
+                   if (value := getattr(record, name)) is not None}
+        scale = record.info.get(SEARCH_LEVEL, 1.0) * factor
+        records[key] = dataclasses.replace(record, **figures, info={**record.info, SEARCH_LEVEL: round(scale, 4)})
+        restated.append(records[key])
+    return restated
 
 
 def _incumbent(configured: Sequence[Choice], records: Mapping[str, Record], statistic: str) -> list[Choice]:
-    """The fastest configuration timed so far, to be re-timed beside the next batch's contenders so that their
-    figures are at the level of the batches before (paired.py): [] before the first batch."""
-    return _fastest(configured, records, statistic, 1)
+    """The fastest configuration timed fully so far, to be re-timed beside the next batch's contenders so that
+    their figures are at the level of the batches before (paired.py): [] before the first batch. Not one timed
+    briefly only (screened, not among the contenders): its figure, divided by its screening's level, sets no
+    level (paired.py), and its batch would be timed unanchored."""
+    full = [c for c in configured if (r := records.get(c.hash_key)) is not None and SCREENED not in r.method]
+    return _fastest(full, records, statistic, 1)
 
 
 def _builds(configured: Sequence[Choice]) -> list[list[Choice]]:

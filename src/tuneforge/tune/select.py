@@ -315,10 +315,10 @@ def _measure_missing(name: str, key: str, candidates: list[Choice], reference: C
                 _measure_batch(key, choices, reference, job, found, role)
 
             marked = search_candidates(search, candidates, found.records, measure_some,
-                                       config.get_str("autotune.statistic"), space)
+                                       config.get_str("autotune.statistic"), space,
+                                       lambda records: record_tiers.commit_all(key, records))
             if marked is not None:
-                with record_tiers.committing(key) as commit:
-                    commit(marked)
+                record_tiers.commit_all(key, [marked])
             return
         missing = found.missing(candidates)
         if missing:

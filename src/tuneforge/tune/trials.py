@@ -399,8 +399,8 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
             results.append((i, choice, earlier))
             continue
         if level is not None and (control := level.due()) is not None:
-            again = trials.retime(*control, budget_s=screen_s)
-            level.measured(again.median_ms if again is not control[1] else None)
+            level.measure(lambda: (r.median_ms if (r := trials.retime(*control, budget_s=screen_s)) is not control[1]
+                                   else None))
         emit(ChoiceStarted(i))
         record = trials.run(choice, screen_s)
         if level is not None:
