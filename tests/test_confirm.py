@@ -441,7 +441,8 @@ def test_a_crowded_screening_levels_out_a_slow_spell(tuning: Path) -> None:
     """Forty choices; the host runs every call 2x slower from the 21st on. `best` (0.5 ms), screened late, then
     times 1.0 ms, far past screen_ratio (1.3) over `early` (0.6 ms, screened before the spell): it would keep its
     brief timing and `early` would win. The fastest of the first 16 is timed again every 16 choices, and what
-    follows is scaled by how much slower it ran than the first time again: `best` is a contender, and wins."""
+    follows is compared over how much slower it ran than the first time again: `best` is a contender, and wins.
+    The records keep the figures measured (1.8 ms for a 0.9 ms choice screened in the spell)."""
     spell = {"on": False}
 
     def make(name: str, seconds: float, index: int) -> Choice:
@@ -462,7 +463,8 @@ def test_a_crowded_screening_levels_out_a_slow_spell(tuning: Path) -> None:
     assert spell["on"]
     assert selection.choice.name == "best", {n: records[n].median_ms for n in ("early", "best")}
     assert "+paired" in records["best"].method  # a contender, not abandoned in the spell
-    assert records["c37"].info["screen_level"] > 1.5  # screened in the spell, its figure divided by the level
+    assert records["c37"].info["screen_level"] > 1.5  # screened in the spell, compared over the level ...
+    assert records["c37"].median_ms is not None and records["c37"].median_ms > 1.5  # ... its record as measured
     assert "screen_level" not in records["c25"].info  # in the spell too, but before the control showed it
 
 

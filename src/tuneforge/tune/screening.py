@@ -6,9 +6,14 @@ host's speed moves in spells. Over three exhaustive screenings of the same 433 c
 16 consecutive choices ran at 0.70-1.38x those choices' median over the three; a choice screened in a slow spell
 looked up to 38% slower than it is, past `autotune.screen_ratio` (1.3), and was never timed fully (the steady-best
 configuration was once screened 66% slow, 87th of 433, and a library call won). So every CONTROL_EVERY choices one
-of them (the control) is timed briefly again, and the choices screened after it are scaled by how its time moved:
-all of them are then compared as if screened when the screening began. Only crowded screenings
-on the CPU: a screening of a few dozen choices lasts a fraction of a second, and CUDA events hardly drift.
+of them (the control) is timed briefly again, and the choices screened after it are compared by their figures over
+how its time moved (`compared`): all of them as if screened when the screening began. Their records keep the
+figures measured: a level is an estimate (a lone slow timing of the control set levels of 0.33 and 1.55 for
+sixteen choices; figures of a 512^3 fp64 search divided by a level of 1.74, and contenders anchored at them,
+read 157 GFLOP/s on cores that peak at 116), fit to rank the screened among themselves, and a choice timed
+briefly only ranks after every choice timed fully (ranking.py).
+Only crowded screenings on the CPU: a screening of a few dozen choices lasts a fraction of a second, and CUDA
+events hardly drift.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.job import TrialJob
+from tuneforge.tune.ranking import SCREENED
 
 # Screening (autotune.screen_ratio): with more than SCREEN_ABOVE choices, each is first timed for
 # SCREEN_SHARE of the budget (at least SCREEN_REPEATS runs); only the contenders get the full budget. The GEMV
@@ -64,8 +70,8 @@ def screened_contenders(results: Sequence[tuple[int, Choice, Record]], statistic
     is no figure to rank a build by: a 512^3 3x4v build screened at 4.5 ms (3 runs) runs 3.7 ms, the best build,
     and the search descended from another one."""
     timed = [(pos, t) for pos, (_, _, record) in enumerate(results)
-             if record.status == "ok" and "+screened" in record.method and "+abandoned" not in record.method
-             and (t := record.time(statistic)) is not None]
+             if record.status == "ok" and SCREENED in record.method and "+abandoned" not in record.method
+             and (t := compared(record, statistic)) is not None]
     if not timed:
         return []
     best = min(t for _, t in timed)
@@ -85,7 +91,14 @@ def screened_contenders(results: Sequence[tuple[int, Choice, Record]], statistic
 
 CONTROL_EVERY = 16
 LEVEL_CONFIRM = 1.15  # a control timing that moves the level more than this either way is taken twice (unsteady)
-LEVEL_INFO = "screen_level"  # the record info key of the level a screened timing was divided by
+LEVEL_INFO = "screen_level"  # the record info key of the level a screened timing is compared over
+
+
+def compared(record: Record, statistic: str) -> float | None:
+    """The figure `record` is compared by: a screened one's over its screening's level (LEVEL_INFO)."""
+    value = record.time(statistic)
+    level = record.info.get(LEVEL_INFO, 1.0) if SCREENED in record.method else 1.0
+    return value / level if value is not None and isinstance(level, (int, float)) and level > 0 else value
 
 
 class ScreenLevel:
@@ -139,11 +152,11 @@ class ScreenLevel:
             self.level = control_ms / self._base_ms
 
     def seen(self, choice: Choice, record: Record) -> None:
-        """A choice screened at the current level (its figures already divided by it)."""
+        """A choice screened at the current level."""
         self._seen += 1
         self._since += 1
         median = record.median_ms
-        if self._seen <= CONTROL_EVERY and record.status == "ok" and "+screened" in record.method \
+        if self._seen <= CONTROL_EVERY and record.status == "ok" and SCREENED in record.method \
                 and "+abandoned" not in record.method and median is not None and median > 0 and \
                 (self._control is None or median < (self._control[1].median_ms or float("inf"))):
             self._control = (choice, record)

@@ -38,6 +38,7 @@ from tuneforge.store.records import Record
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import PAIRED_SCALE
 from tuneforge.tune.ranking import SCREENED
+from tuneforge.tune.screening import compared
 from tuneforge.tune.template_space import TemplateSpace
 
 log = logging.getLogger("tuneforge.tune")
@@ -238,7 +239,7 @@ def _points(units: Sequence[Sequence[Choice]]) -> list[dict[str, Any]]:
 def _cost(record: Record | None, statistic: str) -> float | None:
     if record is None or record.status != "ok":
         return None
-    value = record.time(statistic)
+    value = compared(record, statistic)
     return value if value is not None and math.isfinite(value) and value > 0 else None
 
 

@@ -244,14 +244,13 @@ class Trials:
                                        budget_s=budget_s, warmup_s=warmup_s, min_repeats=min_repeats)
             if budget_s is not None:
                 timing = dataclasses.replace(timing, method=timing.method + "+screened")
-                if self.screen_level is not None and self.screen_level.level != 1.0:
-                    timing = timing.scaled(1 / self.screen_level.level)
-                    info[LEVEL_INFO] = round(self.screen_level.level, 4)
+                if level != 1.0:  # the record keeps what was measured; the screening compares it over the level
+                    info[LEVEL_INFO] = round(level, 4)
         except Exception as exc:
             return make_record(self.job, choice, "runtime_error", error=error_text(exc))
         finally:
             self.bench_s += time.perf_counter() - timed
-        return self._timed(choice, scaled(timing, factor) if factor != 1.0 else timing, info)
+        return self._timed(choice, scaled(timing, factor) if factor != 1.0 else timing, info, level)
 
     def restored_for_timing(self, mutated: Sequence[int]) -> list[int]:
         """The arguments set back before each timed run: inputs the choice writes into, and outputs whose initial
@@ -260,10 +259,11 @@ class Trials:
         long as the run)."""
         return [*([] if self.job.poison_outputs else self.job.outputs), *mutated]
 
-    def _timed(self, choice: Choice, timing: Timing, info: dict[str, Any]) -> Record:
-        """The record of a timed choice; its median counts towards the best so far (for abandoning)."""
-        if self.best_ms is None or timing.median_ms < self.best_ms:
-            self.best_ms = timing.median_ms
+    def _timed(self, choice: Choice, timing: Timing, info: dict[str, Any], level: float = 1.0) -> Record:
+        """The record of a timed choice; its median over the screening's `level` counts towards the best so far
+        (for abandoning)."""
+        if self.best_ms is None or timing.median_ms / level < self.best_ms:
+            self.best_ms = timing.median_ms / level
         return make_record(self.job, choice, "ok", timing=timing, info=info)
 
     def retime(self, choice: Choice, screened: Record, budget_s: float | None = None) -> Record:
