@@ -496,6 +496,28 @@ def test_a_short_choice_is_timed_after_the_cores_ramp(tuning: Path) -> None:
     assert records["ramping"].median_ms is not None and records["ramping"].median_ms < 0.5, records["ramping"]
 
 
+def test_a_check_of_most_of_the_ramp_is_warm_up_enough(tuning: Path) -> None:
+    """A 2.6 ms choice's check covers most of bench.RAMP_S (3 ms): its brief timing starts right after it, with no
+    untimed run (one more run would have lasted 2.6 ms for the 0.4 ms left of the ramp)."""
+    calls = {"n": 0}
+
+    def make(name: str, seconds: float) -> Choice:
+        def run(a: Any, b: Any, out: Any) -> None:
+            calls["n"] += name == "nearly"
+            spin(seconds)
+            np.add(a, b, out=out)
+
+        return ExternChoice(run, name=name)
+
+    choices = [*(make(f"quick{i}", 0.0018) for i in range(8)), make("nearly", 0.0026)]  # not a contender: 1.44x
+    with config.patch(autotune_bench_time_s=0.001, autotune_min_repeats=3, autotune_screen_ratio=1.2,
+                      autotune_abandon_ratio=0.0):
+        selection = select_detailed("nearly_ramped", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    record = {r.choice_name: r for r in default_records().get(selection.key)}["nearly"]
+    assert "+screened" in record.method
+    assert calls["n"] == 1 + record.count, (calls["n"], record.count)  # its check and its timed runs
+
+
 def test_the_pick_of_paired_rounds_follows_the_rounds_not_the_pooled_runs(tuning: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`best` is 5% faster than `close` in every round of the side-by-side re-timing, while the host's level moves

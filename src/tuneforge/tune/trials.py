@@ -28,7 +28,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
-from tuneforge.tune.bench import LONG_RUN_NS, RAMP_NS, RAMP_S, Timing, benchmark_cpu
+from tuneforge.tune.bench import LONG_RUN_NS, RAMP_NS, Timing, benchmark_cpu
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import contenders, near_tie
@@ -229,10 +229,12 @@ class Trials:
                 counted = (not whole or long_check) and not (reference_ns is not None and self.reference_contended)
                 # An unsampled choice whose check alone lasted max_bench_s is timed by it: a 4096^3 library call's
                 # second run was a quarter of that shape's cold tuning, and long runs vary little.
-                # a check shorter than the ramp (bench.RAMP_S) warmed the code, not the cores
-                ramp = not cold and checked_ns < RAMP_NS
+                # a check shorter than the ramp (bench.RAMP_S) warmed the code, not quite the cores: untimed runs
+                # for the rest of it, where that is more than half a run (after a 2.8 ms check, the 3 ms of them
+                # cost a 512^3 fp64 search 0.3-0.5 s of its 2.7-3.0 s of brief timings)
+                ramp = not cold and 3 * checked_ns < 2 * RAMP_NS
                 timing = benchmark_cpu(choice.bound(args), setup=setup, warmed=not cold and not ramp,
-                                       warmup_s=RAMP_S if ramp else None,
+                                       warmup_s=(RAMP_NS - checked_ns) / 1e9 if ramp else None,
                                        abandon_ms=None if abandon is None else abandon / factor,
                                        first_ns=checked_ns if counted else None,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
