@@ -518,6 +518,24 @@ def test_a_check_of_most_of_the_ramp_is_warm_up_enough(tuning: Path) -> None:
     assert calls["n"] == 1 + record.count, (calls["n"], record.count)  # its check and its timed runs
 
 
+def test_a_brief_timing_past_the_screen_ratio_stops_at_two_runs(tuning: Path) -> None:
+    """`between` runs 1.4x the fastest: within abandon_ratio (1.5) but past screen_ratio (1.3). Its first two brief
+    runs put its median past the ratio whatever the third: it stops there (a contender it could not be)."""
+    def kernel(seconds: float) -> Callable[..., None]:
+        def run(a: Any, b: Any, out: Any, **params: Any) -> None:  # params: set apart only
+            spin(seconds)
+            np.add(a, b, out=out)
+        return run
+
+    choices = [*(CallableChoice(kernel(0.001), {"i": i}, name=f"quick{i}") for i in range(8)),
+               CallableChoice(kernel(0.0014), {"i": 8}, name="between")]
+    with config.patch(autotune_bench_time_s=0.001, autotune_min_repeats=3, autotune_screen_ratio=1.3,
+                      autotune_abandon_ratio=1.5):
+        selection = select_detailed("screen_abandon", choices, [np.ones(16), np.ones(16)], out=np.empty(16))
+    record = {r.choice_name: r for r in default_records().get(selection.key)}["between"]
+    assert "+abandoned" in record.method and record.count == 2, (record.method, record.count)
+
+
 def test_the_pick_of_paired_rounds_follows_the_rounds_not_the_pooled_runs(tuning: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`best` is 5% faster than `close` in every round of the side-by-side re-timing, while the host's level moves
