@@ -72,11 +72,12 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
     # threads spinning between the batches: 128^3 kernels paired beside numpy measured 5-15% slower): the
     # re-timed keep their ratios, at the level of their first full timings: the median of each one's first figure
     # over its paired one. Not the fastest first figure over the fastest paired one (the least of a few figures
-    # is the likeliest to be low by noise), and not a brief one (screening.py): a screened figure is divided by
+    # is the likeliest to be low by noise), and not a brief one (screening.py): a screened figure is compared over
     # the screening's level, which a slow timing of its control can set wrong, and contenders anchored at the
-    # fastest of them were recorded at 0.51-0.83 of their paired figures (512^3 fp64 searches here), up to
-    # 150 GFLOP/s on cores that peak at 116. A choice timed briefly only cannot overtake those re-timed by the
-    # change of method: ranking.py ranks it after them. So contenders of a screening keep their paired figures.
+    # fastest of them (then divided by it) were recorded at 0.51-0.83 of their paired figures (512^3 fp64
+    # searches here), up to 150 GFLOP/s on cores that peak at 116. A choice timed briefly only cannot overtake
+    # those re-timed by the change of method: ranking.py ranks it after them. So contenders of a screening keep
+    # their paired figures.
     # With anchors (a search's best so far, re-timed in each of its batches), the level is theirs: a batch timed
     # in another spell of the host's contention than the one before keeps its ratios to the best so far, not
     # the spell's level (two 128^3 kernels timed for 40 ms each, every 0.2 s: each 40-73 us, their ratio mostly
