@@ -16,8 +16,10 @@ the exhaustive pick's steady-state time". Per shape, each in a fresh child proce
    two of them at 0.935, 1.084 and 0.985 (this host's speed moves in spells); the 3% verdict needs more.
 
 Judged: each searched pick's steady time within TOLERANCE of the exhaustive pick's, and each cold search within
-COLD_LIMIT_S. Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset). Prints a table and writes
-benchmarks/results/search_gemm.json (or --output).
+COLD_LIMIT_S. Also printed, not judged: each pick's record over its steady time (rec/st), which says whether the
+records a search leaves read what the kernels run (0.74-0.99 for fp64 512^3 before its records were put at the
+finalists' measured level, 0.96-1.10 after). Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE
+unset). Prints a table and writes benchmarks/results/search_gemm.json (or --output).
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ def measure(shape_text: str, dtype: str, runs: int, rounds: int) -> dict[str, An
     return {"shape": shape_text, "dtype": dtype, "searched": searched, "exhaustive": exhaustive}
 
 
+def record_ratio(run: dict[str, Any]) -> str:
+    """The pick's tuned record over its steady time, as the table prints it."""
+    return f"{run['tuned_ms'] / run['steady_ms']:.2f}" if run.get("tuned_ms") and run.get("steady_ms") else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["128x128x128", "512x512x512", "96x1000x300"])
@@ -127,16 +134,19 @@ def main() -> None:
     results = [measure(shape, args.dtype, args.runs, args.rounds) for shape in args.shapes]
     print(f"GEMM {args.dtype}, exhaustive space: default strategy ({args.runs} cold runs) against timing every "
           f"candidate; steady side by side, {args.rounds} rounds")
-    print(f"{'shape':12} {'run':>10} {'cold s':>7} {'timed':>6} {'steady ms':>10} {'vs exh.':>8}  verdict  pick")
+    print(f"{'shape':12} {'run':>10} {'cold s':>7} {'timed':>6} {'steady ms':>10} {'vs exh.':>8} {'rec/st':>6}  "
+          f"verdict  pick")
     for r in results:
         e = r["exhaustive"]
         print(f"{r['shape']:12} {'exhaustive':>10} {e['seconds']:7.2f} {e['timed']:6d} {e['steady_ms']:10.4f} "
-              f"{'':8}  {'':7}  {e['info'] or e['name']}")
+              f"{'':8} {record_ratio(e):>6}  {'':7}  {e['info'] or e['name']}")
         for i, s in enumerate(r["searched"], 1):
             print(f"{'':12} {f'default {i}':>10} {s['seconds']:7.2f} {s['timed']:6d} {s['steady_ms']:10.4f} "
-                  f"{s['vs_exhaustive']:+8.1%}  {'holds' if s['holds'] else 'FAILS':7}  {s['info'] or s['name']}")
+                  f"{s['vs_exhaustive']:+8.1%} {record_ratio(s):>6}  {'holds' if s['holds'] else 'FAILS':7}  "
+                  f"{s['info'] or s['name']}")
     print(f"judged: each searched pick within {TOLERANCE:.0%} of the exhaustive pick in steady state, each cold "
-          f"search within {COLD_LIMIT_S:g} s")
+          f"search within {COLD_LIMIT_S:g} s; rec/st: the pick's record over its steady time (below 1: the record "
+          f"reads faster than it runs)")
     write_results("search_gemm", results, args.output)
 
 

@@ -47,3 +47,11 @@ def test_side_by_side_pauses_after_a_library_calls_burst(monkeypatch: pytest.Mon
     assert bursts == ["kernel", "library", "library", "kernel"]  # the order reversed in the second round
     settled_after = [order[i - 1] for i, name in enumerate(order) if name == "settle"]
     assert settled_after == ["library", "library"]
+
+
+def test_the_table_says_how_the_picks_record_compares_with_its_steady_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from search_gemm import record_ratio
+
+    assert record_ratio({"tuned_ms": 1.9, "steady_ms": 2.5}) == "0.76"  # a record that reads faster than it runs
+    assert record_ratio({"tuned_ms": None, "steady_ms": 2.5}) == "-"
