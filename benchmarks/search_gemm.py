@@ -18,7 +18,7 @@ the exhaustive pick's steady-state time". Per shape, each in a fresh child proce
 Judged: each searched pick's steady time within TOLERANCE of the exhaustive pick's, and each cold search within
 COLD_LIMIT_S. Also printed, not judged: each pick's record over its steady time (rec/st), which says whether the
 records a search leaves read what the kernels run (0.74-0.99 for fp64 512^3 before its records were put at the
-finalists' measured level, 0.96-1.10 after). Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE
+finalists' measured level, 0.98-1.10 after). Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE
 unset). Prints a table and writes benchmarks/results/search_gemm.json (or --output).
 """
 
