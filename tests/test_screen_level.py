@@ -16,7 +16,7 @@ from tuneforge.store.default import default_records
 from tuneforge.store.records import Record
 from tuneforge.tune import trials as trials_module
 from tuneforge.tune.bench import Timing
-from tuneforge.tune.choices import Choice, ExternChoice
+from tuneforge.tune.choices import CallableChoice, Choice, ExternChoice
 from tuneforge.tune.input_guard import InputGuard
 from tuneforge.tune.job import TrialJob, make_record
 from tuneforge.tune.paired import time_paired
@@ -125,6 +125,23 @@ def test_paired_records_keep_the_level_of_most_first_timings_not_the_lowest(tuni
     assert all(r.median_ms is not None and r.median_ms >= 0.8 for r in records), [r.median_ms for r in records]
     if "+screened" in method:
         assert all(r.info["paired_scale"] == 1.0 for r in records)
+
+
+def test_a_library_calls_slow_first_timing_sets_no_level_for_the_kernels(tuning: Path) -> None:
+    """A kernel and a library call that both run 1 ms, first timed 1.0 and 5.0 ms (the library's threads waking):
+    re-timed side by side, the kernel keeps its first figure; the mean of the two ratios (the median of two) would
+    have recorded it at 3 ms."""
+    def kernel(a: Any, b: Any, out: Any, **params: Any) -> None:
+        spin(0.001)
+        np.add(a, b, out=out)
+
+    job = _job()
+    with config.patch(autotune_bench_time_s=0.02, autotune_min_repeats=3):
+        tie = [(choice, make_record(job, choice, "ok", timing=_timing(ms)))
+               for choice, ms in ((CallableChoice(kernel, {"i": 0}, name="kernel"), 1.0),
+                                  (ExternChoice(spinning_add(0.001), name="library"), 5.0))]
+        records = time_paired(_Trials(job), tie)
+    assert records and records[0].median_ms is not None and records[0].median_ms < 1.5, [r.median_ms for r in records]
 
 
 def test_a_hiccup_in_the_control_timing_sets_no_record_below_its_choice(tuning: Path,

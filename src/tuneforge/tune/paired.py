@@ -82,8 +82,11 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
     # in another spell of the host's contention than the one before keeps its ratios to the best so far, not
     # the spell's level (two 128^3 kernels timed for 40 ms each, every 0.2 s: each 40-73 us, their ratio mostly
     # 1.0-1.17).
-    levels = [t / timings[i].stat(statistic) for i in anchors or range(len(tie))
-              if SCREENED not in tie[i][1].method and (t := tie[i][1].time(statistic))]
+    # The kernels' ratios where there are some: a library call's first full timing can hold its threads' wake-up
+    # (numpy's 2-thread GEMM: up to 3x its steady time, trials.py), and in a tie of two the median is the mean.
+    full = [i for i in anchors or range(len(tie)) if SCREENED not in tie[i][1].method]
+    levels = [t / timings[i].stat(statistic) for i in [i for i in full if not tie[i][0].is_extern] or full
+              if (t := tie[i][1].time(statistic))]
     anchor = statistics.median(levels) if levels else 1.0
     records = []
     for i, ((choice, record), timing) in enumerate(zip(tie, timings, strict=True)):
