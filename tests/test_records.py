@@ -293,3 +293,11 @@ def test_numpy_scalars_are_accepted() -> None:
     assert (r.median_ms, r.min_ms, r.count) == (1.5, 0.5, 3)
     assert type(r.median_ms) is float and type(r.count) is int
     json.dumps(r.to_json())
+
+
+def test_a_scaled_record_scales_every_timing_figure_and_adds_to_its_info() -> None:
+    record = Record(key="k", choice="c", op="op", choice_name="c", status="ok", median_ms=2.0, min_ms=1.5,
+                    p80_ms=None, count=5, info={"family": "f"})
+    scaled = record.scaled(1.5, search_level=1.5)
+    assert (scaled.median_ms, scaled.min_ms, scaled.p80_ms, scaled.count) == (3.0, 2.25, None, 5)
+    assert scaled.info == {"family": "f", "search_level": 1.5} and record.info == {"family": "f"}

@@ -120,6 +120,11 @@ class Record:
         value: float | None = getattr(self, check_statistic(statistic))
         return value
 
+    def scaled(self, factor: float, **info: Any) -> Record:
+        """This record with every timing figure times `factor`, and `info` added to its info."""
+        figures = {name: value * factor for name in _TIMINGS if (value := getattr(self, name)) is not None}
+        return dataclasses.replace(self, **figures, info={**self.info, **info})
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of every field (params and info are copies)."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}

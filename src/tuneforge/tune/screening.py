@@ -52,6 +52,16 @@ def screen_budget(job: TrialJob, count: int) -> float | None:
     return SCREEN_SHARE * config.get_float("autotune.bench_time_s") * min(1.0, SCREEN_CROWD / count)
 
 
+def abandon_ratio(brief: bool) -> float:
+    """How many times the best so far a choice's first two timed runs must both exceed for it to stop there
+    (0: never): autotune.abandon_ratio, and for a `brief` timing autotune.screen_ratio where lower. A brief timing
+    (at least SCREEN_REPEATS runs) whose first two are past screen_ratio cannot make a contender: its median is
+    past it too (a 512^3 fp64 search's brief timings: -0.3 s)."""
+    ratio = config.get_float("autotune.abandon_ratio")
+    screen_ratio = config.get_float("autotune.screen_ratio")
+    return min(ratio, screen_ratio) if brief and ratio > 0 and screen_ratio > 0 else ratio
+
+
 def gpu_screening(budget_s: float | None) -> tuple[float | None, int | None]:
     """benchmark_gpu's warm-up and least repeats for a brief timing of `budget_s` (None: a full timing, the
     settings' own). A GPU's 16 default GEMM choices timed fully took 0.7-1.4 s of an H100's 2.9-4.0 s prepared cold

@@ -204,10 +204,7 @@ def _at_finalists_level(records: dict[str, Record], factor: float) -> list[Recor
     for key, record in records.items():
         if record.status != "ok" or record.median_ms is None:
             continue
-        figures = {name: value * factor for name in ("median_ms", "min_ms", "mean_ms", "p20_ms", "p80_ms")
-                   if (value := getattr(record, name)) is not None}
-        scale = record.info.get(SEARCH_LEVEL, 1.0) * factor
-        records[key] = dataclasses.replace(record, **figures, info={**record.info, SEARCH_LEVEL: round(scale, 4)})
+        records[key] = record.scaled(factor, **{SEARCH_LEVEL: round(record.info.get(SEARCH_LEVEL, 1.0) * factor, 4)})
         restated.append(records[key])
     return restated
 
@@ -215,8 +212,8 @@ def _at_finalists_level(records: dict[str, Record], factor: float) -> list[Recor
 def _incumbent(configured: Sequence[Choice], records: Mapping[str, Record], statistic: str) -> list[Choice]:
     """The fastest configuration timed fully so far, to be re-timed beside the next batch's contenders so that
     their figures are at the level of the batches before (paired.py): [] before the first batch. Not one timed
-    briefly only (screened, not among the contenders): its figure, divided by its screening's level, sets no
-    level (paired.py), and its batch would be timed unanchored."""
+    briefly only (screened, not among the contenders): a brief figure sets no level (paired.py), and its batch
+    would be timed unanchored."""
     full = [c for c in configured if (r := records.get(c.hash_key)) is not None and SCREENED not in r.method]
     return _fastest(full, records, statistic, 1)
 

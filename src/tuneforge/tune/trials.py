@@ -53,6 +53,7 @@ from tuneforge.tune.screening import (
     SCREEN_CROWD,
     SCREEN_REPEATS,
     ScreenLevel,
+    abandon_ratio,
     gpu_screening,
     screen_budget,
     screened_contenders,
@@ -214,11 +215,7 @@ class Trials:
         def setup() -> None:
             verify.restore(args, initial, restore)
 
-        ratio = config.get_float("autotune.abandon_ratio")
-        if budget_s is not None and ratio > 0 and (screen_ratio := config.get_float("autotune.screen_ratio")) > 0:
-            # a brief timing (at least 3 runs) whose first two are past screen_ratio cannot make a contender: its
-            # median is past it too (a 512^3 fp64 search's brief timings: -0.3 s)
-            ratio = min(ratio, screen_ratio)
+        ratio = abandon_ratio(brief=budget_s is not None)
         # the best so far is at the screening's first level; runs now take `level` times as long (screening.py)
         level = self.screen_level.level if self.screen_level is not None and budget_s is not None else 1.0
         # Never a library call: after its threads slept, its first runs read up to 3x slow (numpy's 2-thread GEMM
