@@ -218,6 +218,30 @@ def test_abandons_a_choice_slower_than_the_threshold() -> None:
     assert kept.count >= 3 and "abandoned" not in kept.method
 
 
+def test_a_checked_run_counts_toward_abandoning_only() -> None:
+    """With `abandon_first`, the checked run just made is the first of the two runs past the threshold that abandon
+    a choice (one timed run more, not two); a choice not abandoned is timed on runs of its own only."""
+    from tuneforge.tune.bench import benchmark_cpu
+
+    calls = []
+
+    def run() -> None:
+        calls.append(1)
+        time.sleep(0.003)
+
+    timing = benchmark_cpu(run, warmup_s=0.0, budget_s=1.0, min_repeats=5, abandon_ms=1.0, warmed=True,
+                           first_ns=3_000_000, abandon_first=True)
+    assert timing.method.endswith("+abandoned") and timing.count == 2 and len(calls) == 1
+    calls.clear()
+    fast_check = benchmark_cpu(run, warmup_s=0.0, budget_s=0.001, min_repeats=3, abandon_ms=1.0, warmed=True,
+                               first_ns=500_000, abandon_first=True)  # the check within it: two timed runs decide
+    assert fast_check.method.endswith("+abandoned") and len(calls) == 2 and fast_check.min_ms >= 2.5
+    calls.clear()
+    kept = benchmark_cpu(run, warmup_s=0.0, budget_s=0.001, min_repeats=3, abandon_ms=1000.0, warmed=True,
+                         first_ns=100_000, abandon_first=True)
+    assert kept.count == 3 and len(calls) == 3 and kept.min_ms >= 2.5  # the 0.1 ms check is no sample
+
+
 def test_a_warm_up_of_long_runs_stops_once_it_has_lasted_enough() -> None:
     """A library's batch warms its threads up with a few runs, unless those runs are long (confirm.py)."""
     runs: list[float] = []

@@ -81,8 +81,9 @@ def test_the_default_strategy_starts_from_suggestions() -> None:
     assert first == [far, near]  # the suggestions alone, in one batch: no random samples beside them
     for c in first:
         strategy.tell(c, tiled_cost(c))
-    step = strategy.ask(50)
-    assert step and all(space.key(c) in {space.key(n) for n in space.neighbours(near, 2)} for c in step)
+    neighbours = {space.key(n) for n in space.neighbours(near, 2)}
+    step = strategy.ask(len(neighbours))
+    assert step and all(space.key(c) in neighbours for c in step)
     with pytest.raises(ValueError, match="before the first ask"):
         strategy.suggest([near])
     outside = dict(near, BM=3)
@@ -91,6 +92,26 @@ def test_the_default_strategy_starts_from_suggestions() -> None:
     random = make("random", space, seed=3)
     random.suggest([near])  # strategies that do not start anywhere ignore suggestions
     assert len(random.ask(4)) == 4
+
+
+def test_the_default_strategy_fills_a_batch_its_step_leaves_short() -> None:
+    space = tiled_space()
+    near = {"BM": 32, "BN": 64, "BK": 32, "UNROLL": 4, "ORDER": "ji"}
+    strategy = make("default", space, seed=3)
+    strategy.suggest([near, {"BM": 8, "BN": 256, "BK": 128, "UNROLL": 1, "ORDER": "ji"}])
+    for c in strategy.ask(8):
+        strategy.tell(c, tiled_cost(c))
+    neighbours = {space.key(n) for n in space.neighbours(near, 2)}
+    batch = strategy.ask(len(neighbours) + 5)
+    keys = [space.key(c) for c in batch]
+    assert len(batch) == len(neighbours) + 5 and len(set(keys)) == len(keys)
+    assert set(keys[:len(neighbours)]) == neighbours  # the step first, then the model's likeliest others
+    assert not set(keys[len(neighbours):]) & neighbours
+    plain = CoordinateDescent(space, seed=3, radius=2, restart_from="model")  # without fill: the step alone
+    plain.suggest([near])
+    for c in plain.ask(8):
+        plain.tell(c, tiled_cost(c))
+    assert len(plain.ask(len(neighbours) + 5)) == len(neighbours)
 
 
 def test_coordinate_descent_stops_on_noise_below_its_threshold() -> None:

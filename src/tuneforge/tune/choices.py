@@ -47,8 +47,13 @@ def _source_hash(fn: Callable[..., Any]) -> str | None:
         return None  # builtins, ufuncs, C extensions: their name and module identify them
 
 
+_PLAIN = (bool, int, float, str)
+
+
 def key_value(value: Any) -> Any:
     """`value` as key material: itself when `stable_dumps` can encode it, else its repr."""
+    if value is None or type(value) in _PLAIN:  # encodable as they are: a GEMM's 1584 configurations, 33k values,
+        return value  # took 0.15 s of its cold search to check
     try:
         stable_dumps(value)
         return value

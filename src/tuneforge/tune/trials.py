@@ -232,12 +232,14 @@ class Trials:
                 # second run was a quarter of that shape's cold tuning, and long runs vary little.
                 # a check shorter than the ramp (bench.RAMP_S) warmed the code, not quite the cores: untimed runs
                 # for the rest of it, where that is more than half a run (after a 2.8 ms check, the 3 ms of them
-                # cost a 512^3 fp64 search 0.3-0.5 s of its 2.7-3.0 s of brief timings)
+                # cost a 512^3 fp64 search 0.3-0.5 s of its 2.7-3.0 s of brief timings); one that needed none is
+                # a brief timing's first run for abandoning it
                 ramp = not cold and 3 * checked_ns < 2 * RAMP_NS
                 timing = benchmark_cpu(choice.bound(args), setup=setup, warmed=not cold and not ramp,
                                        warmup_s=(RAMP_NS - checked_ns) / 1e9 if ramp else None,
                                        abandon_ms=None if abandon is None else abandon / factor,
                                        first_ns=checked_ns if counted else None,
+                                       abandon_first=budget_s is not None and not cold and not ramp,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
                                        WHOLE_REPEATS if whole or (long_check and factor == 1.0) else
                                        SAMPLE_REPEATS if factor != 1.0 else None)
