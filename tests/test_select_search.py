@@ -117,8 +117,9 @@ def test_finalists_are_timed_again_after_the_batches(cache_dir: Path, budget: st
     plan = SearchPlan("random", SearchPlan.of("default", budget).budget, batch=6)
     winner = search_candidates(plan, choices, records, measure_some, "median")
     assert winner is not None and winner.info[SEARCH_INFO]
-    # 6 builds: one batch; 12: two. Batches keep their inputs and leave near ties to the finalists' job, the last
-    assert len(calls) == jobs and [role for _, role in calls] == ["batch"] * (jobs - 1) + ["finalists"]
+    # 6 builds: one batch; 12: two. Batches keep their inputs and leave near ties to the finalists' job, the last;
+    # the batch that spends the budget is the last: its builds' costs steer no other batch
+    assert len(calls) == jobs and [role for _, role in calls] == ["batch"] * (jobs - 2) + ["last", "finalists"]
     finalists = calls[-1][0]
     assert len(finalists) == plan.finalists + 1 and "double" in finalists
     timed = sorted((cost(c.params), c.name) for c in choices if c.params and c.hash_key in records)
@@ -397,3 +398,23 @@ def test_a_library_call_among_a_batchs_contenders_is_timed_on_its_own(quick: Pat
     batches, finalists = flags[:-1], flags[-1]
     assert batches and not any(True in f for f in batches), flags  # no library call paired in a batch
     assert finalists.count(True) == 1, flags  # the finalists' job: beside the best configurations
+
+
+def test_only_batches_that_steer_the_search_time_each_build_s_fastest_fully(quick: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's builds' costs steer the next batch (each build's fastest configuration is timed fully: TrialJob.
+    rank_builds); the batch that spends the budget steers none: only its fastest few are, for the finalists."""
+    from tuneforge.search import Budget
+    from tuneforge.tune import measure as measuring
+
+    jobs: list[tuple[bool, str, bool]] = []
+    real = measuring.measure
+
+    def seen(job: Any, *args: Any, **kwargs: Any) -> Any:
+        jobs.append((job.rank_builds, job.confirm, job.keep_inputs))
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(measuring, "measure", seen)
+    plan = SearchPlan("random", Budget(evaluations=8), batch=4)  # two batches of 4, then the finalists
+    select_detailed("steering", candidates(), [np.ones(64)], out=np.empty(64), strategy=plan)
+    assert jobs == [(True, "none", True), (False, "none", True), (False, "all", False)]

@@ -56,9 +56,11 @@ class TrialJob:
     ahead: bool = field(default=False, compare=False)
     # What is re-timed side by side after the trials (confirm.py): "ties" (near ties, and a narrow win over the
     # reference), "all" (every choice timed: a search's finalists) or "none" (a search's batch, which leaves it to
-    # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10; and whose screening times
-    # each build's fastest configuration fully: screening.screened_contenders).
+    # its finalists: paired rounds in every batch cost a 512^3 search 0.9 s of its 10).
     confirm: str = field(default="ties", compare=False)
+    # A search's batch whose builds' costs steer the search (not its last): each build's fastest configuration is
+    # timed fully, not only the fastest few of all (screening.screened_contenders).
+    rank_builds: bool = field(default=False, compare=False)
     # Choices timed in an earlier batch of this selection, by hash: their records stand (checked on these very
     # inputs) and they run again only in the side-by-side re-timing (a search's finalists: a full second timing
     # of each cost a one-batch search 0.35 s of its 2; a search's batch: the best so far, whose earlier record

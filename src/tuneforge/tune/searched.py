@@ -43,8 +43,10 @@ from tuneforge.tune.template_space import TemplateSpace
 
 log = logging.getLogger("tuneforge.tune")
 
-# (choices, role): "batch" (a search's: another follows, near ties are left to the finalists), "finalists" (re-timed
-# side by side) or "whole" (every candidate, as a selection without a search times them)
+# (choices, role): "batch" (a search's: another follows, near ties are left to the finalists, and each build's fastest
+# configuration is timed fully: its cost steers the search), "last" (the batch that spends the budget: only the
+# fastest few are timed fully, for the finalists), "finalists" (re-timed side by side) or "whole" (every candidate,
+# as a selection without a search times them)
 MeasureSome = Callable[[Sequence[Choice], str], None]
 SEARCH_INFO = "search"  # the winner's record's info key: the identity of the finished search
 SEARCH_LEVEL = "search_level"  # a record's info key: the factor its figures were put at the finalists' level by
@@ -124,13 +126,14 @@ def search_candidates(plan: SearchPlan, candidates: list[Choice], records: dict[
     strategy = make(plan.strategy, space, seed=config.get_int("autotune.seed"), **dict(plan.options))
     strategy.suggest([p for p, unit in zip(points, units, strict=True) if any(c.suggested for c in unit)])
     first = [c for c in always if c.hash_key not in records]
+    last = _last_batch(plan, len(units))
 
     def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
         nonlocal first
         chosen = [by_key[space.key(p)] for p in asked]
         todo, first = first + [c for unit in chosen for c in unit if c.hash_key not in records], []
         if todo:
-            measure_some(todo + _incumbent(configured, records, statistic), "batch")
+            measure_some(todo + _incumbent(configured, records, statistic), last(len(asked)))
         costs = [[t for c in unit if (t := _cost(records.get(c.hash_key), statistic)) is not None] for unit in chosen]
         return [min(unit_costs) if unit_costs else None for unit_costs in costs]
 
@@ -150,6 +153,9 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
     first = [c for c in always if c.hash_key not in records]
     listed = space.space.listed()
     strategy = make(plan.strategy, space.space, seed=config.get_int("autotune.seed"), **dict(plan.options))
+    # A share of a space too large to list is a share of its parameters' product (patience ends it sooner).
+    size = len(listed) if listed is not None else space.space.size_bound
+    last = _last_batch(plan, size)
 
     def evaluate(asked: list[dict[str, Any]]) -> list[float | None]:
         nonlocal first
@@ -158,17 +164,32 @@ def _search_space(plan: SearchPlan, space: TemplateSpace, candidates: list[Choic
         candidates.extend(c for c in chosen if c.hash_key not in present)
         todo, first = first + [c for c in chosen if c.hash_key not in records], []
         if todo:
-            measure_some(todo + _incumbent([c for c in candidates if not c.is_extern], records, statistic), "batch")
+            measure_some(todo + _incumbent([c for c in candidates if not c.is_extern], records, statistic),
+                         last(len(asked)))
         return [_cost(records.get(c.hash_key), statistic) for c in chosen]
 
-    # A share of a space too large to list is a share of its parameters' product (patience ends it sooner).
     result = search(space.space, strategy, evaluate, plan.effective_budget(), batch=plan.batch, prune=plan.prune,
-                    space_size=len(listed) if listed is not None else space.space.size_bound)
+                    space_size=size)
     log.info("search %s of %s: %d configurations timed, stopped by %s", plan.strategy, space, result.evaluations,
              result.stopped)
     _time_finalists(plan, [c for c in candidates if not c.is_extern], always, first, records, measure_some,
                     statistic, restate)
     return _mark(plan, candidates, records, statistic, space)
+
+
+def _last_batch(plan: SearchPlan, size: int) -> Callable[[int], str]:
+    """A batch's role, given how many evaluations it holds: "last" where it spends the budget's evaluations (no
+    later batch is steered by its builds' costs: a 512^3 GEMM search's last batch timed 8 builds' fastest
+    configurations fully beside the fastest 4 of all), else "batch". Patience or seconds may end a search sooner."""
+    limit = plan.effective_budget().limit(size)
+    done = 0
+
+    def role(count: int) -> str:
+        nonlocal done
+        done += count
+        return "last" if limit is not None and done >= limit else "batch"
+
+    return role
 
 
 def _time_finalists(plan: SearchPlan, configured: Sequence[Choice], always: Sequence[Choice], first: Sequence[Choice],

@@ -328,16 +328,16 @@ def _measure_missing(name: str, key: str, candidates: list[Choice], reference: C
 def _measure_batch(key: str, choices: Sequence[Choice], reference: Choice | None, job: TrialJob, found: _Found,
                    role: str = "") -> None:
     """Measure `choices` (recorded or not), adding their records and figures to `found`. `role` in a search
-    (searched.py): "batch" (the benchmark worker keeps the example inputs and the reference's outputs for the
-    next batch of this key, and leaves near ties to the finalists) or "finalists"; in both, a choice with a record
-    already is only re-timed side by side (the finalists; a batch's best so far)."""
+    (searched.py): "batch" or "last" (the worker keeps the inputs and the reference's outputs for the next job, and
+    leaves near ties to the finalists) or "finalists"; a choice with a record already is only re-timed side by side."""
     from tuneforge.tune.measure import measure  # build pool, workers, benchmarker: only when measuring
 
     if role or job.keep_inputs:
         earlier = [r for c in choices if (r := found.records.get(c.hash_key)) is not None and r.status == "ok"]
-        job = dataclasses.replace(job, keep_inputs=role == "batch",
-                                  timed={r.choice: r for r in earlier} if role in ("batch", "finalists") else {},
-                                  confirm={"batch": "none", "finalists": "all"}.get(role, "ties"))
+        batch = role in ("batch", "last")
+        job = dataclasses.replace(job, keep_inputs=batch, rank_builds=role == "batch",
+                                  timed={r.choice: r for r in earlier} if batch or role == "finalists" else {},
+                                  confirm="none" if batch else "all" if role == "finalists" else "ties")
     with record_tiers.committing(key) as commit:  # each kept at once; shared once, at the end
         try:
             outcome = measure(job, choices, reference, on_record=commit)

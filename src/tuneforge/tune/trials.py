@@ -430,7 +430,7 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
     on a sample (each on its own cut of the rows); one after another on a GPU, whose timings hardly drift."""
     statistic = config.get_str("autotune.statistic")
     batch = trials.job.confirm == "none"
-    positions = screened_contenders(results, statistic, per_build=batch)
+    positions = screened_contenders(results, statistic, per_build=trials.job.rank_builds)
     # a search's batch: the best so far (timed in an earlier batch) is re-timed beside them and sets their level
     # (fully timed: a streamed part's screened figures, which a last job also holds as timed, set no level)
     anchors = [pos for pos, (_, choice, record) in enumerate(results)
