@@ -11,7 +11,8 @@ given to `suggest` (a family's heuristic picks, timed first together), else the 
 samples (the default strategy takes a few: one start is a gamble on a rugged space). Where it restarts
 (`restart_from`): the best start not descended from yet, else a random configuration; or, with "model", the
 untimed configuration an additive model of the costs so far predicts fastest (additive.py), which then also
-orders each step's neighbours (a budget that ends mid-step has timed the likeliest).
+orders each step's neighbours (a budget that ends mid-step has timed the likeliest). With `fill`, a batch that a
+step's untried neighbours leave short is filled with the model's likeliest others (a batch builds in parallel).
 """
 
 from __future__ import annotations
