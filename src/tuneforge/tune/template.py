@@ -253,13 +253,10 @@ class TemplateChoice(ConfiguredChoice):
         in its artifact, and a record's artifact is trusted only if it names this. Computed when first
         needed, since naming the candidates of a selection (every call of a new layout) must stay cheap."""
         rendered = {k: key_value(v) for k, v in sorted(self.config.items()) if k not in self.template.runtime_params}
-
-        def identity() -> str:
-            return "rnd" + key_hash({"template": self.template.identity, "config": rendered})
-
         # hashed once per build (a GEMM search's 1584 configurations are 72 of them), known by its values' reprs
         seen = repr([(k, type(v).__qualname__, v) for k, v in rendered.items()])
-        return str(self.template.memo("render_identity", seen, identity))
+        return str(self.template.memo("render_identity", seen, lambda: "rnd" + key_hash(
+            {"template": self.template.identity, "config": rendered})))
 
     @property
     def source(self) -> str:
