@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +67,19 @@ def run_fresh_child(script: str, args: list[str], threads: int | None) -> dict[s
 
 def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s: float = 0.02,
                  settle_after: Collection[str] = ()) -> dict[str, float]:
-    """Steady figures of `calls`, timed side by side: interleaved rounds (the order reversed every other round),
-    each a burst of calls (as many as last `burst_s`, 3 to 200) after untimed ones for bench.RAMP_S; {name: median
-    over rounds of its bursts' median, in ms}. After the burst of a name in `settle_after` (a library call:
-    OpenBLAS's threads spin 0.1-0.15 s after one), a pause until the process is idle: the next calls' bursts would
-    otherwise share the cores with those threads (a 128^3 GEMM kernel timed after numpy's burst: 124 us for its 64
-    alone)."""
+    """Steady figures of `calls`, timed side by side (side_by_side_rounds): {name: median over rounds of its bursts'
+    median, in ms}."""
+    return {name: statistics.median(values)
+            for name, values in side_by_side_rounds(calls, rounds, burst_s, settle_after).items()}
+
+
+def side_by_side_rounds(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s: float = 0.02,
+                        settle_after: Collection[str] = ()) -> dict[str, list[float]]:
+    """`calls` timed side by side: interleaved rounds (the order reversed every other round), each a burst of calls
+    (as many as last `burst_s`, 3 to 200) after untimed ones for bench.RAMP_S; {name: its bursts' medians in ms, a
+    round each}. After the burst of a name in `settle_after` (a library call: OpenBLAS's threads spin 0.1-0.15 s
+    after one), a pause until the process is idle: the next calls' bursts would otherwise share the cores with those
+    threads (a 128^3 GEMM kernel timed after numpy's burst: 124 us for its 64 alone)."""
     from tuneforge.tune.bench import RAMP_S, warm_up
     from tuneforge.tune.quiet import settle
 
@@ -93,4 +100,23 @@ def side_by_side(calls: Mapping[str, Callable[[], object]], rounds: int, burst_s
             per_round[name].append(statistics.median(times) * 1e3)
             if name in settle_after:
                 settle(0.3)
-    return {name: statistics.median(values) for name, values in per_round.items()}
+    return per_round
+
+
+def paired_ratio(ours: Sequence[float], theirs: Sequence[float], level: float = 0.9) -> tuple[float, float, float]:
+    """How much slower `ours` ran than `theirs` (per-round figures of one side-by-side timing): the median of the
+    rounds' ratios minus 1, and the bounds of its `level` confidence interval (distribution-free: the order
+    statistics of the ratios that hold the median with that chance). A host whose speed drifts moves both of a
+    round's figures alike, so the ratio of each round is steadier than the ratio of the medians; the interval says
+    how far the judge itself can be trusted (+4.7% with an interval reaching below +3% is not a clear miss)."""
+    ratios = sorted(o / t - 1 for o, t in zip(ours, theirs, strict=True) if t > 0)
+    if not ratios:
+        raise ValueError("paired_ratio needs rounds with positive figures")
+    n = len(ratios)
+    # the largest k with P(Binomial(n, 1/2) < k) <= (1 - level) / 2: [ratios[k-1], ratios[n-k]] covers the median
+    tail, k, below = (1 - level) / 2, 0, 0.0
+    while k < n // 2 and below + math.comb(n, k) / 2**n <= tail:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    low, high = (ratios[k - 1], ratios[n - k]) if k > 0 else (ratios[0], ratios[-1])
+    return statistics.median(ratios), low, high
