@@ -126,7 +126,7 @@ def test_the_selections_contenders_are_timed_fully_by_its_last_job(quick_tuning:
     pick = ranked(choices, final, "median")[0][0]
     assert "+screened" not in final[pick.hash_key].method  # timed fully, once the builds were done
     lagging = final[compiled[-1].hash_key]
-    assert lagging.status == "ok" and "+screened" in lagging.method  # 50 times slower: no contender
+    assert lagging.status == "ok" and "+screened" in lagging.method  # ~60 times slower: no contender
     assert reference_runs(tmp_path / "reference.txt") == 1
 
 
