@@ -16,7 +16,10 @@ says which candidate is fastest and by how much the top two differ.
 
 Judged per case and strategy: where the top two differ by more than GAP, at least NEEDED of --runs picks must be
 the same (the issue's rule: repeatable); elsewhere (a near tie: either is right) at least NEEDED picks must be
-within GAP of the fastest. The table also says how many picks are the fastest and within GAP of it.
+within GAP of the fastest. The table also says how many picks are the fastest and within GAP of it, and how sure
+the steady timing is (common.paired_ratio, from its rounds): the top two's gap with its 90% interval, and the picks
+beyond GAP whose interval reaches within it ("open"; stop 52: a 512 case's picks 6.1-6.2% behind, in a steady
+timing whose gap interval spanned -1.8%..+28% on another run).
 Children run with blas_env.child_env (OPENBLAS_CORETYPE/L2_SIZE unset) and one thread for every library, as the
 peer benchmark. Prints a table and writes benchmarks/results/pick_repeatability.json (or --output)."""
 
@@ -28,11 +31,12 @@ import functools
 import json
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from blas_env import blas_report
-from common import run_fresh_child, side_by_side, write_results
+from common import paired_ratio, run_fresh_child, side_by_side_rounds, write_results
 from peer_kernel_tuner import TF_SOURCE, TILES, launch, numpy_matmul
 
 GAP = 0.05  # the top two "differ" beyond this; a pick within it of the fastest is as good
@@ -98,23 +102,29 @@ def cold_child(case: str, strategy: str) -> dict[str, Any]:
 
 
 def steady_child(case: str, rounds: int) -> dict[str, Any]:
-    """Every candidate built, then timed side by side: {label: median over rounds of its bursts' median}."""
+    """Every candidate built, then timed side by side: "rounds_ms" {label: its bursts' medians, a round each} and
+    "steady_ms" {label: the median of those}."""
     candidates, _, inputs, out = problem(case)
     calls = {}
     for choice in candidates:
         choice.build().result()
         calls[label(choice.params)] = functools.partial(choice.run, [*inputs, out])
-    return {"steady_ms": side_by_side(calls, rounds)}
+    per_round = side_by_side_rounds(calls, rounds)
+    return {"rounds_ms": per_round, "steady_ms": {name: statistics.median(v) for name, v in per_round.items()}}
 
 
 def run_child(args: list[str]) -> dict[str, Any]:
     return run_fresh_child(__file__, args, threads=1)
 
 
-def judge(picks: list[str], steady: dict[str, float]) -> dict[str, Any]:
+def judge(picks: list[str], steady: dict[str, float],
+          rounds: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """The verdict: with a clear best (the top two more than GAP apart), the same pick in NEEDED of OF runs (the
     issue's rule: repeatability); otherwise NEEDED of OF within GAP of the fastest. `fastest` and `near` say how
-    good the picks are either way (a search's budget can keep it from the best, the same way every run)."""
+    good the picks are either way (a search's budget can keep it from the best, the same way every run).
+    With the side-by-side `rounds`, also how sure the judge itself is (common.paired_ratio): the gap's 90% interval,
+    and `open`, the picks beyond GAP whose interval reaches within it (the steady timing cannot tell them apart from
+    a near one: 6% picks in a case whose candidates' ratios moved 5% between two timings)."""
     ranked = sorted(steady, key=lambda name: steady[name])
     best, second = ranked[0], ranked[1]
     gap = steady[second] / steady[best] - 1
@@ -124,8 +134,14 @@ def judge(picks: list[str], steady: dict[str, float]) -> dict[str, Any]:
     near = sum(1 for p in picks if steady.get(p, float("inf")) <= steady[best] * (1 + GAP))
     needed = -(-NEEDED * len(picks) // OF)  # 9 of 10, rounded up for other run counts
     holds = (same if gap > GAP else near) >= needed
-    return {"best": best, "best_ms": steady[best], "second": second, "gap": gap, "same": same, "fastest": fastest,
-            "near": near, "needed": needed, "holds": holds, "picks": dict(counted)}
+    verdict = {"best": best, "best_ms": steady[best], "second": second, "gap": gap, "same": same,
+               "fastest": fastest, "near": near, "needed": needed, "holds": holds, "picks": dict(counted)}
+    if rounds:
+        _, verdict["gap_low"], verdict["gap_high"] = paired_ratio(rounds[second], rounds[best])
+        verdict["open"] = sum(count for name, count in counted.items() if name in rounds
+                              and steady[name] > steady[best] * (1 + GAP)
+                              and paired_ratio(rounds[name], rounds[best])[1] <= GAP)
+    return verdict
 
 
 def main() -> None:
@@ -152,25 +168,29 @@ def main() -> None:
         for _ in range(args.runs):
             for strategy in args.strategies:  # interleaved: a drift of the machine hits every strategy alike
                 picks[strategy].append(run_child(["--cold", case, strategy]))
-        steady = run_child(["--steady", case, "--rounds", str(args.rounds)])["steady_ms"]
+        timed = run_child(["--steady", case, "--rounds", str(args.rounds)])
+        steady = timed["steady_ms"]
         for strategy in args.strategies:
-            verdict = judge([p["pick"] for p in picks[strategy]], steady)
+            verdict = judge([p["pick"] for p in picks[strategy]], steady, timed["rounds_ms"])
             results.append({"case": case, "strategy": strategy, "cold_s": statistics.median(p["seconds"] for p in
                                                                                       picks[strategy]),
                             **verdict, "steady_ms": steady})
     print(f"cases: N = the tiled float32 matmul template on N x N (27 configurations, TILE_I x J x K), spin = a "
           f"busy-wait template (64, BM x BN x UNROLL); {args.runs} cold runs each; steady: {args.rounds} rounds")
-    print(f"{'case':>5} {'strategy':11} {'cold s':>6} {'fastest (steady ms)':30} {'gap':>6} {'same':>5} "
-          f"{'best':>5} {'<=5%':>5} {'needs':>5}  verdict  picks")
+    print(f"{'case':>5} {'strategy':11} {'cold s':>6} {'fastest (steady ms)':30} {'gap':>6} {'gap 90%':>13} "
+          f"{'same':>5} {'best':>5} {'<=5%':>5} {'open':>5} {'needs':>5}  verdict  picks")
     for r in results:
         picks_text = ", ".join(f"{name} x{count}" for name, count in sorted(r["picks"].items(), key=lambda x: -x[1]))
         fastest = f"{r['best']} ({r['best_ms']:.3f})"
         verdict = "holds" if r["holds"] else "FAILS"
-        print(f"{r['case']:>5} {r['strategy']:11} {r['cold_s']:6.2f} {fastest:30} {r['gap']:6.1%} {r['same']:5d} "
-              f"{r['fastest']:5d} {r['near']:5d} {r['needed']:5d}  {verdict:7}  {picks_text}")
+        interval = f"{r['gap_low']:.1%}..{r['gap_high']:.1%}" if "gap_low" in r else "-"
+        print(f"{r['case']:>5} {r['strategy']:11} {r['cold_s']:6.2f} {fastest:30} {r['gap']:6.1%} {interval:>13} "
+              f"{r['same']:5d} {r['fastest']:5d} {r['near']:5d} {r.get('open', 0):5d} {r['needed']:5d}  {verdict:7}  "
+              f"{picks_text}")
     print(f"judged: where the top two differ by > {GAP:.0%}, >= {NEEDED} of {OF} picks the same; otherwise >= "
           f"{NEEDED} of {OF} within {GAP:.0%} of the fastest (same: the commonest pick's count; best: picks of the "
-          "fastest)")
+          f"fastest; gap 90%: the judge's own interval of the top two's gap; open: picks beyond {GAP:.0%} whose "
+          "interval reaches within it)")
     write_results("pick_repeatability", results, args.output)
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
@@ -46,3 +48,14 @@ def test_a_short_real_run(tmp_path: Path) -> None:
     assert tiled["case"] == "64" and tiled["strategy"] == "default" and len(tiled["steady_ms"]) == 27
     assert spin["case"] == "spin" and len(spin["steady_ms"]) == 64 and spin["best"] == "32x16x4"  # its known best
     assert sum(tiled["picks"].values()) == 1 and "verdict" in proc.stdout
+
+
+def test_the_judge_says_which_picks_its_own_noise_leaves_open() -> None:
+    # 9 rounds: "b" 6% behind "a" by the median of the rounds, but 2-3% in four of them; "c" 50% behind in every one
+    rounds = {"a": [1.0] * 9, "b": [1.06, 1.02, 1.07, 1.03, 1.06, 1.02, 1.08, 1.03, 1.06], "c": [1.5] * 9}
+    steady = {name: sorted(values)[4] for name, values in rounds.items()}
+    verdict = pick_repeatability.judge(["a"] * 6 + ["b"] * 3 + ["c"], steady, rounds)
+    assert verdict["near"] == 6 and not verdict["holds"]  # the rule itself is unchanged: 6% is beyond 5%
+    assert verdict["open"] == 3  # b's interval reaches 3%: the steady timing cannot tell it from a near pick
+    assert verdict["gap_low"] == pytest.approx(0.02) and verdict["gap_high"] == pytest.approx(0.07)
+    assert "open" not in pick_repeatability.judge(["a"] * 10, steady)  # no rounds given: no interval
