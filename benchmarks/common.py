@@ -106,9 +106,10 @@ def side_by_side_rounds(calls: Mapping[str, Callable[[], object]], rounds: int, 
 def paired_ratio(ours: Sequence[float], theirs: Sequence[float], level: float = 0.9) -> tuple[float, float, float]:
     """How much slower `ours` ran than `theirs` (per-round figures of one side-by-side timing): the median of the
     rounds' ratios minus 1, and the bounds of its `level` confidence interval (distribution-free: the order
-    statistics of the ratios that hold the median with that chance). A host whose speed drifts moves both of a
-    round's figures alike, so the ratio of each round is steadier than the ratio of the medians; the interval says
-    how far the judge itself can be trusted (+4.7% with an interval reaching below +3% is not a clear miss)."""
+    statistics of the ratios that hold the median with that chance). A drift of the host's speed from one round to
+    the next moves both of a round's figures alike and leaves its ratio be; what moves within a round (this host's
+    spells of milliseconds) the interval shows: how far the judge itself can be trusted (+4.7% with an interval
+    reaching below +3% is not a clear miss)."""
     ratios = sorted(o / t - 1 for o, t in zip(ours, theirs, strict=True) if t > 0)
     if not ratios:
         raise ValueError("paired_ratio needs rounds with positive figures")
