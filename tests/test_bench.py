@@ -59,6 +59,30 @@ def test_a_long_checked_run_counts_as_the_first_timed_run() -> None:
     assert short.count == 3 and len(calls) == 3
 
 
+def test_two_long_runs_that_agree_are_enough_where_agreement_is_asked() -> None:
+    calls: list[int] = []
+
+    def run() -> None:
+        calls.append(1)
+        time.sleep(0.06)
+
+    # the checked run (60 ms) and one more within the ratio: done before min_repeats (a 1.5 ratio leaves room for
+    # a busy host's late wake-ups of the sleep)
+    agreed = benchmark_cpu(run, warmup_s=0.0, budget_s=10.0, min_repeats=3, max_repeats=50, max_bench_s=10.0,
+                           warmed=True, first_ns=60_000_000, agree=1.5)
+    assert agreed.count == 2 and len(calls) == 1, agreed
+    # a checked run 1.7x the next one's is no agreement: min_repeats as without it
+    calls.clear()
+    apart = benchmark_cpu(run, warmup_s=0.0, budget_s=0.0, min_repeats=3, max_repeats=50, max_bench_s=10.0,
+                          warmed=True, first_ns=100_000_000, agree=1.5)
+    assert apart.count == 3 and len(calls) == 2, apart
+    # short runs never stop early, however alike
+    calls.clear()
+    short = benchmark_cpu(lambda: calls.append(1), warmup_s=0.0, budget_s=0.0, min_repeats=4, max_repeats=50,
+                          warmed=True, agree=1.5)
+    assert short.count == 4 and len(calls) == 4
+
+
 def test_a_checked_run_far_slower_than_the_next_is_not_a_sample() -> None:
     # A first call that imported a library (torch's extern in a fresh worker: 1.7 s, then 2.6 ms a run) is no
     # sample, and its time is not taken from the budget: the runs after it are timed as any others.

@@ -561,3 +561,21 @@ def test_the_pick_of_paired_rounds_follows_the_rounds_not_the_pooled_runs(tuning
     assert records["close"].median_ms / records["best"].median_ms == pytest.approx(1.05, rel=1e-6)
     sure, = records["best"].info["confidence"]
     assert sure["faster_in"] == len(levels) and sure["by"] == pytest.approx(0.05, abs=1e-4)
+
+
+def test_a_figure_carried_into_the_first_round_is_not_run_there() -> None:
+    calls = {"carried": 0, "other": 0}
+
+    def carried() -> None:
+        calls["carried"] += 1
+
+    def other() -> None:
+        calls["other"] += 1
+
+    with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=0.0):
+        (kept, _), rounds = time_side_by_side([carried, other], lambda: None, typical_ms=100.0,
+                                              settle_after=[False, False], first_round=[123.0, None])
+    assert rounds[0][0] == 123.0 and len(rounds[0]) == len(rounds[1]) >= MIN_ROUNDS
+    # one run a round (100 ms typical: batches of one), the first round's given: one run fewer than the other
+    assert calls["other"] == len(rounds[1]) and calls["carried"] == len(rounds[0]) - 1
+    assert kept.count == len(rounds[0]) and kept.max_ms == 123.0

@@ -235,3 +235,31 @@ def test_a_check_that_lasted_max_bench_s_is_the_timing(tuning: Path) -> None:
         selection = select_detailed("rows2", choices, [x], out=np.empty_like(x))
     timed = {r.choice_name: r.count for r in default_records().get(selection.key)}
     assert timed["long_copy"] >= 2 and len(rows_seen["long_copy"]) >= 2
+
+
+def long_library(x: np.ndarray, out: np.ndarray) -> None:  # the reference: 70 ms a run, whatever the rows
+    _seen("long_library", x)
+    time.sleep(0.07)
+    np.copyto(out, x)
+
+
+def long_kernel(x: np.ndarray, out: np.ndarray) -> None:  # 60 ms on the whole, in proportion to the rows
+    _seen("long_kernel", x)
+    time.sleep(0.06 * len(x) / ROWS)
+    np.copyto(out, x)
+
+
+def test_a_long_whole_run_just_made_is_its_first_round_beside_the_library(tuning: Path) -> None:
+    """The sampled pick's whole run (its check and timing, a long one) came right before its side-by-side re-timing
+    beside the library call it narrowly beats: it is that re-timing's first round, not run again (a 4096^3 GEMM
+    kernel's second whole run was 0.7-1.4 s of a cold tuning); long runs make one round, so it ran whole once."""
+    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
+    choices = [ExternChoice(long_library), Sampled(long_kernel)]
+    with config.patch(autotune_max_bench_s=0.05):
+        selection = select_detailed("rows", choices, [x], out=np.empty_like(x),
+                                    sample=RowSample(args=(0, 1), rows=SAMPLE))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert "+paired" in records["long_kernel"].method and "+paired" in records["long_library"].method
+    assert rows_seen["long_kernel"].count(ROWS) == 1  # its whole run, which the paired round took as it was
+    assert rows_seen["long_library"].count(ROWS) == 2  # the reference's run, then its paired round
+    assert records["long_kernel"].count == 1 and 55 < records["long_kernel"].median_ms < 200

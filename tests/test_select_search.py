@@ -363,9 +363,9 @@ def test_a_library_call_among_a_batchs_contenders_is_timed_on_its_own(quick: Pat
     flags: list[list[bool]] = []
     side_by_side = pairing.time_side_by_side
 
-    def counted(runs: Any, setup: Any, typical: float, settle_after: Any) -> Any:
+    def counted(runs: Any, setup: Any, typical: float, settle_after: Any, *rest: Any) -> Any:
         flags.append(list(settle_after))
-        return side_by_side(runs, setup, typical, settle_after)
+        return side_by_side(runs, setup, typical, settle_after, *rest)
 
     monkeypatch.setattr(pairing, "time_side_by_side", counted)
     alone: list[str] = []

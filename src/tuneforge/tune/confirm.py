@@ -105,9 +105,14 @@ def near_tie(results: Sequence[tuple[Choice, Record]], statistic: str,
 
 
 def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], object], typical_ms: float,
-                      settle_after: Sequence[bool]) -> tuple[list[Timing], list[list[float]]]:
+                      settle_after: Sequence[bool], first_round: Sequence[float | None] = ()
+                      ) -> tuple[list[Timing], list[list[float]]]:
     """Alternating rounds of each run (each a batch long enough to time): one Timing per run, and per run its
     batch's median in each round (what `confidence` compares).
+
+    ``first_round[i]``: run i's figure in the first round, a run just timed (ms), which is not run again there:
+    a 4096^3 GEMM kernel's whole run, its check and timing, came right before its one round beside numpy (long
+    runs make one round), and running it again took 0.7 s on two cores, 1.4 s on one.
 
     ``settle_after[i]``: run i is a library call whose thread pool may keep spinning and slow down whatever
     runs next, so a batch of another run that follows it starts once the pool is idle (quiet.py; at most
@@ -133,6 +138,10 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                 break
             order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
             for i in order:
+                if rounds == 0 and i < len(first_round) and (figure := first_round[i]) is not None:
+                    samples[i].append(figure)
+                    per_round[i].append(figure)
+                    continue
                 if after_library and not settle_after[i]:
                     paused += settle(settle_s)  # until the library's pool has gone idle (quiet.py)
                 elif settle_after[i] and not after_library and (pause := min(settle_s, KERNEL_PAUSE_S)) > 0:

@@ -12,7 +12,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from tuneforge import config
@@ -41,10 +41,12 @@ class Trials(Protocol):
     def restored_for_timing(self, mutated: Sequence[int]) -> list[int]: ...
 
 
-def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: Collection[int] = ()) -> list[Record]:
+def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: Collection[int] = (),
+                carried: Mapping[int, float] | None = None) -> list[Record]:
     """New records for the choices of `tie` (each with its earlier record), timed in alternating rounds on the
     whole problem; [] when that failed (the earlier records stand). `anchors`: positions in `tie` of choices
-    timed in an earlier batch, whose earlier records set the level of the new ones (see below)."""
+    timed in an earlier batch, whose earlier records set the level of the new ones (see below). `carried`:
+    positions whose first round is a run just timed (ms; confirm.time_side_by_side's `first_round`, CPU only)."""
     job, args = trials.job, trials.args
     statistic = config.get_str("autotune.statistic")
     restore = trials.restored_for_timing(sorted({m for _, r in tie for m in r.info.get("mutates_inputs", [])}))
@@ -54,7 +56,8 @@ def time_paired(trials: Trials, tie: Sequence[tuple[Choice, Record]], anchors: C
     try:
         if job.device == "cpu":
             timings, rounds = time_side_by_side(runs, lambda: verify.restore(args, trials.initial, restore),
-                                                typical, [choice.is_extern for choice, _ in tie])
+                                                typical, [choice.is_extern for choice, _ in tie],
+                                                [(carried or {}).get(i) for i in range(len(tie))])
         else:
             timings, rounds = time_side_by_side_gpu(runs, lambda: verify.restore(args, trials.initial, restore),
                                                     typical, job.device)

@@ -47,7 +47,7 @@ from tuneforge.tune.input_guard import InputGuard
 from tuneforge.tune.job import TrialJob, error_text, make_record, reference_failed_record
 from tuneforge.tune.paired import time_paired
 from tuneforge.tune.quiet import settle
-from tuneforge.tune.sample import SAMPLED, calibrated, scaled
+from tuneforge.tune.sample import SAMPLED, scaled
 from tuneforge.tune.screening import (
     LEVEL_INFO,
     SCREEN_CROWD,
@@ -58,6 +58,7 @@ from tuneforge.tune.screening import (
     screen_budget,
     screened_contenders,
 )
+from tuneforge.tune.whole_run import settle_sampled
 
 log = logging.getLogger("tuneforge.tune")
 
@@ -238,8 +239,8 @@ class Trials:
                 timing = benchmark_cpu(choice.bound(args), setup=setup, warmed=not cold and not ramp,
                                        warmup_s=(RAMP_NS - checked_ns) / 1e9 if ramp else None,
                                        abandon_ms=None if abandon is None else abandon / factor,
-                                       first_ns=checked_ns if counted else None,
-                                       abandon_first=budget_s is not None and not cold and not ramp,
+                                       first_ns=checked_ns if counted else None, agree=SAMPLE_AGREE if factor != 1.0
+                                       else None, abandon_first=budget_s is not None and not cold and not ramp,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
                                        WHOLE_REPEATS if whole or (long_check and factor == 1.0) else
                                        SAMPLE_REPEATS if factor != 1.0 else None)
@@ -293,16 +294,20 @@ class Trials:
             return make_record(self.job, choice, "ok", timing=timing, info=screened.info)
         return self._timed(choice, timing, screened.info)
 
-    def confirm(self, results: Sequence[tuple[int, Choice, Record]]) -> list[tuple[int, Record]]:
+    def confirm(self, results: Sequence[tuple[int, Choice, Record]], latest: Choice | None = None
+                ) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest, or a narrow win over the reference (the job's `confirm`
-        "all": every choice timed), side by side (see confirm.py): their new records, by index."""
+        "all": every choice timed), side by side (see confirm.py): their new records, by index. `latest`: the
+        choice whose whole run was the last timing made (_settle_sampled): a long one is its first paired round."""
         # a choice timed on a sample only was never checked on the whole problem: it must not win here
         whole = [(choice, record) for _, choice, record in results if SAMPLED not in record.method]
         statistic = config.get_str("autotune.statistic")
         tie = contenders(whole, statistic) if self.job.confirm == "all" else near_tie(whole, statistic, self.reference)
         if not tie:
             return []
-        paired = time_paired(self, tie)
+        long_ms = config.get_float("autotune.max_bench_s") * 1e3
+        paired = time_paired(self, tie, carried={i: t for i, (choice, record) in enumerate(tie) if choice is latest
+                                                 and (t := record.time(statistic)) is not None and t >= long_ms})
         if not paired:  # re-timing failed: the first timings stand
             return []
         index = {id(choice): i for i, choice, _ in results}
@@ -386,10 +391,10 @@ def run_trials(job: TrialJob, choices: Sequence[Choice], reference: Choice | Non
 
 
 # A sampled job's problem is large (sample.py): its samples' runs last tens of milliseconds and vary little, so
-# 3 make a timing; on the whole problem only the fastest is run, to check it and time it (once, when a run lasts
-# autotune.bench_time_s).
-SAMPLE_REPEATS, WHOLE_REPEATS = 3, 1
-CALIBRATION_MAX = 1.25  # estimates are scaled by at most this much either way (_settle_sampled)
+# 3 make a timing, or 2 within 3% of each other (4096^3 fp32's ran within 1-5% of their checks, 130-270 ms each: a
+# third was a tenth of a cold tuning); on the whole problem only the fastest is run, to check and time it (once).
+SAMPLE_REPEATS, SAMPLE_AGREE, WHOLE_REPEATS = 3, 1.03, 1
+
 
 def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], None]) -> None:
     results = []
@@ -419,9 +424,9 @@ def _run_all(trials: Trials, choices: Sequence[Choice], emit: Callable[[Event], 
         return
     if screen_s is not None:
         _time_contenders(trials, results, emit)
-    _settle_sampled(trials, results, emit)
+    latest = settle_sampled(trials, results, emit)
     if trials.job.confirm != "none":
-        for i, record in trials.confirm(results):
+        for i, record in trials.confirm(results, latest):
             emit(ChoiceConfirmed(i, record))
 
 
@@ -460,41 +465,3 @@ def _time_contenders(trials: Trials, results: list[tuple[int, Choice, Record]], 
         if record is not screened:
             emit(ChoiceConfirmed(i, record))
             results[pos] = (i, choice, record)
-
-
-def _settle_sampled(trials: Trials, results: list[tuple[int, Choice, Record]], emit: Callable[[Event], None]) -> None:
-    """Until the fastest choice was checked and timed on the whole problem, not on a sample only: do so.
-
-    Samples are biased (a kernel that packs all of A's rows at once keeps more of them in cache on a sample;
-    a library call's fixed costs weigh more), so each comparison scales the estimates by how the whole runs so far
-    compared with their own estimates, and the estimates left are recorded so scaled: no record of a sample
-    then looks faster than the pick.
-    """
-    statistic = config.get_str("autotune.statistic")
-    ratios: list[float] = []  # each whole run's time over its own sample's estimate
-    while True:
-        # bounded: one choice's odd sample (a cache effect, a fixed cost) must not rank all the others
-        calibration = min(CALIBRATION_MAX, max(1 / CALIBRATION_MAX, sum(ratios) / len(ratios))) if ratios else 1.0
-        timed = [(t * (calibration if SAMPLED in record.method else 1.0), pos)
-                 for pos, (_, _, record) in enumerate(results)
-                 if record.status == "ok" and (t := record.time(statistic)) is not None]
-        if not timed:
-            return
-        pos = min(timed)[1]
-        i, choice, estimated = results[pos]
-        if SAMPLED not in estimated.method:
-            break
-        emit(ChoiceStarted(i))  # a crash now is this choice's
-        if not ratios and any(c.is_extern for _, c, _ in results):
-            settle(config.get_float("autotune.settle_s"))  # library calls ran last: let their threads go idle
-        whole = trials.run(choice, whole=True)
-        emit(ChoiceConfirmed(i, whole))
-        results[pos] = (i, choice, whole)
-        if trials.lost is not None:
-            raise trials.context_lost(choice.name, len(results), len(results))
-        if whole.status == "ok" and (after := whole.time(statistic)) and (before := estimated.time(statistic)):
-            ratios.append(after / before)
-    for pos, (i, choice, record) in enumerate(results):
-        if record.status == "ok" and SAMPLED in record.method and calibration != 1.0:
-            results[pos] = (i, choice, calibrated(record, calibration))
-            emit(ChoiceConfirmed(i, results[pos][2]))

@@ -10,6 +10,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from tuneforge.tune import bulk
+
 # (rtol, atol) by dtype; atol is scaled by the largest reference magnitude, because reductions
 # (a GEMM's K-sum) accumulate rounding error in proportion to the values' scale.
 _TOLERANCES = {
@@ -194,15 +196,15 @@ def is_array(value: Any) -> bool:
 
 def snapshot(args: Sequence[Any], only: Sequence[int] | None = None) -> list[Any]:
     """Copies of every array argument (or of those at positions `only`; None for the rest)."""
-    return [(a.clone() if hasattr(a, "clone") else a.copy()) if is_array(a) and (only is None or i in only) else None
-            for i, a in enumerate(args)]
+    return [(a.clone() if hasattr(a, "clone") else bulk.copy(a)) if is_array(a) and (only is None or i in only)
+            else None for i, a in enumerate(args)]
 
 
 def restore(args: Sequence[Any], saved: Sequence[Any], indices: Sequence[int] | None = None) -> None:
     for i in range(len(args)) if indices is None else indices:
         if saved[i] is not None:
             if isinstance(args[i], np.ndarray):
-                np.copyto(args[i], saved[i])
+                bulk.copy_into(args[i], saved[i])
             else:
                 args[i].copy_(saved[i])
 
@@ -268,7 +270,7 @@ def poison(value: Any) -> None:
     """Fill an output buffer with values no correct kernel leaves behind (NaN for floats)."""
     if isinstance(value, np.ndarray):
         if np.issubdtype(value.dtype, np.inexact):
-            value.fill(np.nan)
+            bulk.fill(value, np.nan)
         elif np.issubdtype(value.dtype, np.integer):
             value.fill(np.iinfo(value.dtype).min)
     elif hasattr(value, "fill_"):
