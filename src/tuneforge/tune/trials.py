@@ -239,8 +239,9 @@ class Trials:
                 timing = benchmark_cpu(choice.bound(args), setup=setup, warmed=not cold and not ramp,
                                        warmup_s=(RAMP_NS - checked_ns) / 1e9 if ramp else None,
                                        abandon_ms=None if abandon is None else abandon / factor,
-                                       first_ns=checked_ns if counted else None, agree=SAMPLE_AGREE if factor != 1.0
-                                       else None, abandon_first=budget_s is not None and not cold and not ramp,
+                                       first_ns=checked_ns if counted else None,
+                                       agree=SAMPLE_AGREE if factor != 1.0 else None,
+                                       abandon_first=budget_s is not None and not cold and not ramp,
                                        budget_s=budget_s, min_repeats=SCREEN_REPEATS if budget_s is not None else
                                        WHOLE_REPEATS if whole or (long_check and factor == 1.0) else
                                        SAMPLE_REPEATS if factor != 1.0 else None)
@@ -298,7 +299,8 @@ class Trials:
                 ) -> list[tuple[int, Record]]:
         """Re-time a near tie of the two fastest, or a narrow win over the reference (the job's `confirm`
         "all": every choice timed), side by side (see confirm.py): their new records, by index. `latest`: the
-        choice whose whole run was the last timing made (_settle_sampled): a long one is its first paired round."""
+        choice whose whole run was the last timing made (whole_run.settle_sampled): a long one is its first paired
+        round."""
         # a choice timed on a sample only was never checked on the whole problem: it must not win here
         whole = [(choice, record) for _, choice, record in results if SAMPLED not in record.method]
         statistic = config.get_str("autotune.statistic")
