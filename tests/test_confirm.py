@@ -579,3 +579,21 @@ def test_a_figure_carried_into_the_first_round_is_not_run_there() -> None:
     # one run a round (100 ms typical: batches of one), the first round's given: one run fewer than the other
     assert calls["other"] == len(rounds[1]) and calls["carried"] == len(rounds[0]) - 1
     assert kept.count == len(rounds[0]) and kept.max_ms == 123.0
+
+
+def test_a_library_batch_after_a_carried_kernel_run_pauses_as_after_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The carried run is the last that ran: a library batch first in the order still waits KERNEL_PAUSE_S for the
+    # kernel's pool, as it would right after the kernel's batch.
+    from tuneforge.tune import confirm
+
+    events: list[Any] = []
+    monkeypatch.setattr(confirm.time, "sleep", lambda seconds: events.append(("sleep", seconds)))
+    monkeypatch.setattr(confirm, "settle", lambda seconds: 0.0)
+    with config.patch(autotune_bench_time_s=0.000001, autotune_settle_s=1.0):
+        time_side_by_side([lambda: events.append("kernel"), lambda: events.append("library")], lambda: None,
+                          typical_ms=100.0, settle_after=[False, True], first_round=[None, None])
+        assert events[0] == "kernel"  # nothing carried: the first pass may have ended with a library call
+        events.clear()
+        time_side_by_side([lambda: events.append("library"), lambda: events.append("kernel")], lambda: None,
+                          typical_ms=100.0, settle_after=[True, False], first_round=[None, 5.0])
+    assert events[:2] == [("sleep", confirm.KERNEL_PAUSE_S), "library"]

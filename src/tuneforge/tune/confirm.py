@@ -112,7 +112,8 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
 
     ``first_round[i]``: run i's figure in the first round, a run just timed (ms), which is not run again there:
     a 4096^3 GEMM kernel's whole run, its check and timing, came right before its one round beside numpy (long
-    runs make one round), and running it again took 0.7 s on two cores, 1.4 s on one.
+    runs make one round), and running it again took 0.7 s on two cores, 1.4 s on one. It ran last: the first batch
+    pauses after it as after any batch of its kind.
 
     ``settle_after[i]``: run i is a library call whose thread pool may keep spinning and slow down whatever
     runs next, so a batch of another run that follows it starts once the pool is idle (quiet.py; at most
@@ -126,7 +127,9 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     settle_s = config.get_float("autotune.settle_s")
     samples: list[list[float]] = [[] for _ in runs]
     per_round: list[list[float]] = [[] for _ in runs]
-    after_library = True  # the first pass may have ended with a library call
+    # the first pass may have ended with a library call; a carried run ran last, just before
+    carried = {i: figure for i, figure in enumerate(first_round[:len(runs)]) if figure is not None}
+    after_library = settle_after[max(carried)] if carried else True
     started = time.perf_counter()
     paused = 0.0  # the pauses are no timing: a long kernel's limit counts the runs only
     rounds = 0
@@ -138,9 +141,9 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
                 break
             order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
             for i in order:
-                if rounds == 0 and i < len(first_round) and (figure := first_round[i]) is not None:
-                    samples[i].append(figure)
-                    per_round[i].append(figure)
+                if rounds == 0 and i in carried:
+                    samples[i].append(carried[i])
+                    per_round[i].append(carried[i])
                     continue
                 if after_library and not settle_after[i]:
                     paused += settle(settle_s)  # until the library's pool has gone idle (quiet.py)
