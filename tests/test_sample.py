@@ -263,3 +263,18 @@ def test_a_long_whole_run_just_made_is_its_first_round_beside_the_library(tuning
     assert rows_seen["long_kernel"].count(ROWS) == 1  # its whole run, which the paired round took as it was
     assert rows_seen["long_library"].count(ROWS) == 2  # the reference's run, then its paired round
     assert records["long_kernel"].count == 1 and 55 < records["long_kernel"].median_ms < 200
+
+
+def test_with_max_bench_s_0_no_run_is_long(tuning: Path) -> None:
+    """autotune.max_bench_s 0 means never: the pick's whole run is no paired round of its own (nor its check a
+    timing), and the side-by-side re-timing makes its full rounds."""
+    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
+    choices = [ExternChoice(long_library), Sampled(long_kernel)]
+    with config.patch(autotune_max_bench_s=0.0):
+        selection = select_detailed("rows", choices, [x], out=np.empty_like(x),
+                                    sample=RowSample(args=(0, 1), rows=SAMPLE))
+    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    assert "+paired" in records["long_kernel"].method
+    whole_runs = rows_seen["long_kernel"].count(ROWS)
+    # its check and at least one timed run before the rounds, then every round (MIN_ROUNDS at least)
+    assert whole_runs >= 2 + records["long_kernel"].count >= 2 + 5, (whole_runs, records["long_kernel"].count)

@@ -89,6 +89,12 @@ RAMP_S = 0.003
 RAMP_NS = int(RAMP_S * 1e9)
 
 
+def long_run_s() -> float:
+    """`autotune.max_bench_s`: from this long on a run is long, its timing hardly needs another (0: never)."""
+    seconds = config.get_float("autotune.max_bench_s")
+    return seconds if seconds > 0 else float("inf")
+
+
 def warm_up(fn: Callable[[], object], seconds: float, setup: Callable[[], object] | None = None,
             at_least: int = 1, enough_s: float | None = None) -> None:
     """Untimed ``setup(); fn()`` runs until `seconds` have passed, and at least `at_least` of them; with

@@ -26,7 +26,7 @@ from typing import Any
 
 from tuneforge import config
 from tuneforge.store.records import Record
-from tuneforge.tune.bench import RAMP_S, Timing, warm_up
+from tuneforge.tune.bench import RAMP_S, Timing, long_run_s, warm_up
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.quiet import settle
 
@@ -123,7 +123,7 @@ def time_side_by_side(runs: Sequence[Callable[[], object]], setup: Callable[[], 
     batch = max(1, min(100, int(ROUND_BATCH_S * 1e3 / max(typical_ms, 1e-6))))
     warm = typical_ms < WARM_UP_BELOW_MS
     budget_s = 2 * config.get_float("autotune.bench_time_s")
-    long_s = config.get_float("autotune.max_bench_s") or float("inf")  # long kernels: one round can do
+    long_s = long_run_s()  # long kernels: one round can do
     settle_s = config.get_float("autotune.settle_s")
     samples: list[list[float]] = [[] for _ in runs]
     per_round: list[list[float]] = [[] for _ in runs]

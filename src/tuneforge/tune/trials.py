@@ -28,7 +28,7 @@ from typing import Any
 from tuneforge import config
 from tuneforge.store.records import Record
 from tuneforge.tune import verify
-from tuneforge.tune.bench import LONG_RUN_NS, RAMP_NS, Timing, benchmark_cpu
+from tuneforge.tune.bench import LONG_RUN_NS, RAMP_NS, Timing, benchmark_cpu, long_run_s
 from tuneforge.tune.bench_gpu import benchmark_gpu
 from tuneforge.tune.choices import Choice
 from tuneforge.tune.confirm import contenders, near_tie
@@ -227,7 +227,7 @@ class Trials:
             if self.job.device == "cpu":
                 # a whole run's check is its first call at that size (larger buffers): a timing only where it lasted
                 # max_bench_s, which such effects hardly change
-                long_check = checked_ns >= config.get_float("autotune.max_bench_s") * 1e9
+                long_check = checked_ns >= long_run_s() * 1e9
                 counted = (not whole or long_check) and not (reference_ns is not None and self.reference_contended)
                 # An unsampled choice whose check alone lasted max_bench_s is timed by it: a 4096^3 library call's
                 # second run was a quarter of that shape's cold tuning, and long runs vary little.
@@ -307,9 +307,9 @@ class Trials:
         tie = contenders(whole, statistic) if self.job.confirm == "all" else near_tie(whole, statistic, self.reference)
         if not tie:
             return []
-        long_ms = config.get_float("autotune.max_bench_s") * 1e3
         paired = time_paired(self, tie, carried={i: t for i, (choice, record) in enumerate(tie) if choice is latest
-                                                 and (t := record.time(statistic)) is not None and t >= long_ms})
+                                                 and (t := record.time(statistic)) is not None
+                                                 and t >= long_run_s() * 1e3})
         if not paired:  # re-timing failed: the first timings stand
             return []
         index = {id(choice): i for i, choice, _ in results}
