@@ -17,6 +17,7 @@ from tuneforge.kernels.gemm import op
 from tuneforge.kernels.gemm.space import Problem
 from tuneforge.kernels.gemm.template import sample_rows
 from tuneforge.store.default import default_records
+from tuneforge.store.records import Record
 from tuneforge.tune.bench import Timing
 from tuneforge.tune.choices import ExternChoice
 from tuneforge.tune.sample import SAMPLED, RowSample, scaled
@@ -249,16 +250,20 @@ def long_kernel(x: np.ndarray, out: np.ndarray) -> None:  # 60 ms on the whole, 
     np.copyto(out, x)
 
 
+def _library_against_a_long_kernel(max_bench_s: float) -> dict[str, Record]:
+    """The records of a sampled selection of long_library (the reference) and long_kernel, which narrowly beats it."""
+    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
+    with config.patch(autotune_max_bench_s=max_bench_s):
+        selection = select_detailed("rows", [ExternChoice(long_library), Sampled(long_kernel)], [x],
+                                    out=np.empty_like(x), sample=RowSample(args=(0, 1), rows=SAMPLE))
+    return {r.choice_name: r for r in default_records().get(selection.key)}
+
+
 def test_a_long_whole_run_just_made_is_its_first_round_beside_the_library(tuning: Path) -> None:
     """The sampled pick's whole run (its check and timing, a long one) came right before its side-by-side re-timing
     beside the library call it narrowly beats: it is that re-timing's first round, not run again (a 4096^3 GEMM
     kernel's second whole run was 0.7-1.4 s of a cold tuning); long runs make one round, so it ran whole once."""
-    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
-    choices = [ExternChoice(long_library), Sampled(long_kernel)]
-    with config.patch(autotune_max_bench_s=0.05):
-        selection = select_detailed("rows", choices, [x], out=np.empty_like(x),
-                                    sample=RowSample(args=(0, 1), rows=SAMPLE))
-    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    records = _library_against_a_long_kernel(max_bench_s=0.05)
     assert "+paired" in records["long_kernel"].method and "+paired" in records["long_library"].method
     assert rows_seen["long_kernel"].count(ROWS) == 1  # its whole run, which the paired round took as it was
     assert rows_seen["long_library"].count(ROWS) == 2  # the reference's run, then its paired round
@@ -268,12 +273,7 @@ def test_a_long_whole_run_just_made_is_its_first_round_beside_the_library(tuning
 def test_with_max_bench_s_0_no_run_is_long(tuning: Path) -> None:
     """autotune.max_bench_s 0 means never: the pick's whole run is no paired round of its own (nor its check a
     timing), and the side-by-side re-timing makes its full rounds."""
-    x = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
-    choices = [ExternChoice(long_library), Sampled(long_kernel)]
-    with config.patch(autotune_max_bench_s=0.0):
-        selection = select_detailed("rows", choices, [x], out=np.empty_like(x),
-                                    sample=RowSample(args=(0, 1), rows=SAMPLE))
-    records = {r.choice_name: r for r in default_records().get(selection.key)}
+    records = _library_against_a_long_kernel(max_bench_s=0.0)
     assert "+paired" in records["long_kernel"].method
     whole_runs = rows_seen["long_kernel"].count(ROWS)
     # its check and at least one timed run before the rounds, then every round (MIN_ROUNDS at least)
