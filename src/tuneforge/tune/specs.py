@@ -8,7 +8,6 @@ numpy arrays are the default; torch tensors are supported when torch is installe
 from __future__ import annotations
 
 import math
-import os
 import random
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tuneforge.cpuinfo import usable_cores
 from tuneforge.dataclass_lite import dataclass
 
 __all__ = ["InputGenerator", "TensorSpec", "example_input", "example_inputs", "key_of", "preserve_rng_state"]
@@ -267,9 +267,9 @@ def _where(index: int | None) -> str:
 
 
 # From this many values, floats are drawn in PARTS parts, each from its own stream spawned from the seed, on up to
-# PARTS threads (numpy's generators release the GIL while they fill): a 4096x4096 float32 input took 0.26-0.36 s
-# on one core of a 2-core VM and 0.13-0.14 on two, twice per cold GEMM tuning. The split is fixed, not the core
-# count, so the values are the same on every machine.
+# PARTS threads, no more than the process may run on (numpy's generators release the GIL while they fill): a
+# 4096x4096 float32 input took 0.26-0.36 s on one core of a 2-core VM and 0.13-0.14 on two, twice per cold GEMM
+# tuning. The split is fixed, not the core count, so the values are the same on every machine.
 PARALLEL_DRAW_FROM, PARTS = 1 << 22, 4
 
 
@@ -286,7 +286,7 @@ def _normal_float32(count: int, seed: int, rng: np.random.Generator) -> np.ndarr
         np.random.default_rng(streams[part]).standard_normal(out=out[bounds[part]:bounds[part + 1]],
                                                              dtype=np.float32)
 
-    with ThreadPoolExecutor(max_workers=min(PARTS, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(PARTS, usable_cores())) as pool:
         list(pool.map(fill, range(PARTS)))
     return out
 
