@@ -31,16 +31,20 @@ def test_each_part_runs_once_on_threads_of_its_own() -> None:
     seen: list[tuple[int, int, str]] = []
     lock = threading.Lock()
 
-    def work(part: slice) -> None:
+    def work(index: int, part: slice) -> None:
         with lock:
-            seen.append((part.start, part.stop, threading.current_thread().name))
+            seen.append((index, part.start, part.stop, threading.current_thread().name))
 
     bulk.in_parts(work, 10, 3)
-    assert sorted((start, stop) for start, stop, _ in seen) == [(0, 3), (3, 6), (6, 10)]
-    assert all(name.startswith("tuneforge-bulk") for _, _, name in seen)
+    assert sorted(item[:3] for item in seen) == [(0, 0, 3), (1, 3, 6), (2, 6, 10)]
+    assert all(item[3].startswith("tuneforge-bulk") for item in seen)
     seen.clear()
     bulk.in_parts(work, 10, 1)  # one part: inline, on the caller's thread
-    assert seen == [(0, 10, threading.current_thread().name)]
+    assert seen == [(0, 0, 10, threading.current_thread().name)]
+    seen.clear()
+    bulk.in_parts(work, 10, 3, workers=1)  # three parts on one worker: inline, in order
+    assert seen == [(i, start, stop, threading.current_thread().name)
+                    for i, (start, stop) in enumerate([(0, 3), (3, 6), (6, 10)])]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "complex64"])

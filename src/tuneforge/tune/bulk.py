@@ -31,14 +31,17 @@ def parts_for(*arrays: Any) -> int:
     return max(1, min(MAX_PARTS, usable_cores()))
 
 
-def in_parts(work: Callable[[slice], object], count: int, parts: int) -> None:
-    """`work(part)` for `parts` consecutive slices of range(count), each on a thread of its own (inline for one)."""
-    if parts <= 1:
-        work(slice(0, count))
-        return
+def in_parts(work: Callable[[int, slice], object], count: int, parts: int, workers: int | None = None) -> None:
+    """`work(index, part)` for `parts` consecutive slices of range(count), on `workers` threads (default: one a
+    part; inline for one)."""
     bounds = [count * i // parts for i in range(parts + 1)]
-    with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="tuneforge-bulk") as pool:
-        list(pool.map(lambda i: work(slice(bounds[i], bounds[i + 1])), range(parts)))
+    workers = parts if workers is None else workers
+    if parts <= 1 or workers <= 1:
+        for i in range(parts):
+            work(i, slice(bounds[i], bounds[i + 1]))
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tuneforge-bulk") as pool:
+        list(pool.map(lambda i: work(i, slice(bounds[i], bounds[i + 1])), range(parts)))
 
 
 def copy(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -50,7 +53,7 @@ def copy(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         return out
     out = np.empty_like(value)
     source, target = value.reshape(-1), out.reshape(-1)
-    in_parts(lambda part: np.copyto(target[part], source[part]), source.size, parts)
+    in_parts(lambda _, part: np.copyto(target[part], source[part]), source.size, parts)
     return out
 
 
@@ -61,7 +64,7 @@ def copy_into(target: np.ndarray[Any, Any], source: Any) -> None:
         np.copyto(target, source)
         return
     flat_target, flat_source = target.reshape(-1), source.reshape(-1)
-    in_parts(lambda part: np.copyto(flat_target[part], flat_source[part]), flat_target.size, parts)
+    in_parts(lambda _, part: np.copyto(flat_target[part], flat_source[part]), flat_target.size, parts)
 
 
 def fill(value: np.ndarray[Any, Any], scalar: Any) -> None:
@@ -71,4 +74,4 @@ def fill(value: np.ndarray[Any, Any], scalar: Any) -> None:
         value.fill(scalar)
         return
     flat = value.reshape(-1)
-    in_parts(lambda part: flat[part].fill(scalar), flat.size, parts)
+    in_parts(lambda _, part: flat[part].fill(scalar), flat.size, parts)

@@ -18,6 +18,7 @@ import numpy as np
 
 from tuneforge.cpuinfo import usable_cores
 from tuneforge.dataclass_lite import dataclass
+from tuneforge.tune import bulk
 
 __all__ = ["InputGenerator", "TensorSpec", "example_input", "example_inputs", "key_of", "preserve_rng_state"]
 
@@ -276,18 +277,13 @@ PARALLEL_DRAW_FROM, PARTS = 1 << 22, 4
 def _normal_float32(count: int, seed: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     if count < PARALLEL_DRAW_FROM:
         return rng.standard_normal(count, dtype=np.float32)
-    from concurrent.futures import ThreadPoolExecutor
-
     out = np.empty(count, dtype=np.float32)
-    bounds = [count * i // PARTS for i in range(PARTS + 1)]
     streams = np.random.SeedSequence(seed).spawn(PARTS)
 
-    def fill(part: int) -> None:
-        np.random.default_rng(streams[part]).standard_normal(out=out[bounds[part]:bounds[part + 1]],
-                                                             dtype=np.float32)
+    def fill(index: int, part: slice) -> None:
+        np.random.default_rng(streams[index]).standard_normal(out=out[part], dtype=np.float32)
 
-    with ThreadPoolExecutor(max_workers=min(PARTS, usable_cores())) as pool:
-        list(pool.map(fill, range(PARTS)))
+    bulk.in_parts(fill, count, PARTS, workers=min(PARTS, usable_cores()))
     return out
 
 
